@@ -1,0 +1,28 @@
+# The two commands of the README: `make demo` (the main job on the sample data) and
+# `make test` (the test suite). Both bootstrap .venv first; the second time that is instant.
+PY := .venv/bin/python
+DATA := data
+SETS := fashion photos
+
+.PHONY: setup demo test sample-data convert clean
+
+setup:
+	@bash tools/bootstrap.sh
+
+demo: setup sample-data convert
+	@$(PY) tools/summarize_data.py $(DATA)
+
+sample-data: setup
+	@$(PY) tools/make_sample_data.py $(SETS) --out $(DATA)/sample
+
+convert: sample-data
+	@for set in $(SETS); do \
+	    $(PY) tools/convert_ffcv.py $(DATA)/sample/$$set $(DATA)/ffcv/$$set || exit 1; \
+	    $(PY) tools/convert_wds.py $(DATA)/sample/$$set $(DATA)/wds/$$set || exit 1; \
+	done
+
+test: setup
+	@$(PY) -m pytest -q
+
+clean:
+	rm -rf $(DATA)/ffcv $(DATA)/wds runs

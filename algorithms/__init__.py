@@ -1,0 +1,1 @@
+"""algorithms package (filled in by later issues)."""

@@ -1,0 +1,1 @@
+"""Loader and model throughput benchmarks per hardware (filled in by a later issue)."""

@@ -1,0 +1,86 @@
+"""The ImageNet folder layout: `ROOT/<split>/<class>/<image>`, scanned into labelled samples.
+
+One reading of the layout for the whole project (converters and the `folder` loader), so
+that a label means the same class everywhere: the class index is the position of the class
+folder's name in the sorted union of class folders over the splits asked for, and a class
+folder that is empty in one split keeps its index. Files are found recursively inside a
+class folder (as torchvision's ImageFolder does) and listed in sorted order, so a scan is
+deterministic. What cannot be a sample is returned as `Skipped` with its reason, never
+dropped silently.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# Extensions Pillow decodes that datasets in the wild use for photos.
+IMAGE_EXTENSIONS = frozenset({".jpeg", ".jpg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".gif"})
+
+
+@dataclass(frozen=True)
+class Sample:
+    path: str        # absolute path of the image file
+    label: int       # index into the class list
+    relpath: str     # path relative to ROOT, for messages and manifests
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "reason": self.reason}
+
+
+class LayoutError(ValueError):
+    """The folder is not in ImageNet layout (missing, empty, no class folders)."""
+
+
+def find_classes(root: str | os.PathLike, splits: list[str]) -> list[str]:
+    """Sorted union of the class folder names found under ROOT/<split> for each split."""
+    root = Path(root)
+    if not root.is_dir():
+        raise LayoutError(f"{root}: no such directory")
+    classes: set[str] = set()
+    for split in splits:
+        split_dir = root / split
+        if not split_dir.is_dir():
+            present = sorted(p.name for p in root.iterdir() if p.is_dir())
+            raise LayoutError(f"{split_dir}: no such directory (ImageNet layout ROOT/<split>/<class>/<image>; "
+                              f"found folders: {present or 'none'})")
+        classes.update(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
+    if not classes:
+        raise LayoutError(f"{root}: no class folders under {', '.join(splits)}")
+    return sorted(classes)
+
+
+def scan_split(root: str | os.PathLike, split: str, classes: list[str]) -> tuple[list[Sample], list[Skipped]]:
+    """Every file under ROOT/<split>/<class>/, as samples (image extensions) or skips (the rest).
+
+    Only the extension is judged here; whether the bytes decode is the caller's business.
+    """
+    split_dir = Path(root) / split
+    label_of = {name: index for index, name in enumerate(classes)}
+    samples: list[Sample] = []
+    skipped: list[Skipped] = []
+    for entry in sorted(os.scandir(split_dir), key=lambda e: e.name):
+        if not entry.is_dir():
+            skipped.append(Skipped(entry.path, "not inside a class folder"))
+            continue
+        for dirpath, dirnames, filenames in os.walk(entry.path, followlinks=True):
+            dirnames.sort()
+            for filename in sorted(filenames):
+                path = os.path.join(dirpath, filename)
+                if Path(filename).suffix.lower() in IMAGE_EXTENSIONS:
+                    samples.append(Sample(path, label_of[entry.name], os.path.relpath(path, root)))
+                else:
+                    skipped.append(Skipped(path, f"not an image file name (extension {Path(filename).suffix or 'none'!r})"))
+    return samples, skipped
+
+
+def empty_classes(samples: list[Sample], classes: list[str]) -> list[str]:
+    """Names of the classes that have no sample in this split."""
+    present = {sample.label for sample in samples}
+    return [name for index, name in enumerate(classes) if index not in present]

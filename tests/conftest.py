@@ -1,0 +1,38 @@
+"""Shared fixtures: running the tools as a user does (subprocesses), and the sample sets."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "tools"
+sys.path.insert(0, str(TOOLS))
+# Debian packages that make_sample_data unpacks, kept between test sessions (git-ignored).
+DEBIAN_CACHE = ROOT / "data" / ".debian"
+
+
+def run_tool(script: str, *args, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
+    """python tools/SCRIPT ARGS..., as a user runs it; stdout and stderr captured as text."""
+    result = subprocess.run([sys.executable, str(TOOLS / script), *map(str, args)],
+                            capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{script} exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return result
+
+
+def read_manifest(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def sample_sets(tmp_path_factory) -> Path:
+    """Both sample sets, a few images per class, in ImageNet layout."""
+    from make_sample_data import make_fashion, make_photos
+    root = tmp_path_factory.mktemp("sample")
+    make_fashion(root, limit=12, progress=False, cache_dir=DEBIAN_CACHE)
+    make_photos(root, limit=4, progress=False, cache_dir=DEBIAN_CACHE)
+    return root

@@ -1,0 +1,322 @@
+"""The FFCV and WebDataset converters: bad input, atomic output, idempotence, and reading back
+what they wrote with the real readers (ffcv's Reader/Loader, webdataset, DALI on CPU)."""
+from __future__ import annotations
+
+import collections
+import hashlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import TOOLS, read_manifest, run_tool
+
+CONVERTERS = ["convert_ffcv.py", "convert_wds.py"]
+CLASSES = ["apple", "crème_brûlée", "empty"]  # sorted; 'empty' has no train images
+
+
+def gradient(width: int, height: int) -> np.ndarray:
+    """A smooth RGB image: compresses well even at 8000x6000, unlike noise."""
+    x = np.linspace(0, 255, width, dtype=np.float32)[None, :]
+    y = np.linspace(0, 255, height, dtype=np.float32)[:, None]
+    return np.stack([x + 0 * y, y + 0 * x, (x + y) / 2], axis=-1).astype(np.uint8)
+
+
+def jpeg(image: Image.Image, **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90, **kwargs)
+    return buffer.getvalue()
+
+
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def rotated_jpeg() -> bytes:
+    """Stored 90x60, left half red and right half blue, EXIF orientation 6 (turn 90 degrees
+    clockwise to display): shown as 60x90 with red on top."""
+    pixels = np.zeros((60, 90, 3), np.uint8)
+    pixels[:, :45] = (255, 0, 0)
+    pixels[:, 45:] = (0, 0, 255)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return jpeg(Image.fromarray(pixels), exif=exif)
+
+
+@pytest.fixture(scope="module")
+def bad_source(tmp_path_factory) -> tuple[Path, dict, set]:
+    """A folder with every kind of awkward input; returns (root, expected {split: Counter of
+    (label, width, height)}, expected skipped paths)."""
+    root = tmp_path_factory.mktemp("bad") / "src"
+    good = Image.fromarray(gradient(320, 240))
+    files = {
+        "train/apple/good.JPEG": jpeg(good),
+        "train/apple/cmyk.JPEG": jpeg(good.convert("CMYK")),
+        "train/apple/gray.JPEG": jpeg(good.convert("L")),
+        "train/apple/png_named.JPEG": png(good),
+        "train/apple/palette.png": png(good.convert("P")),
+        "train/apple/rgba.png": png(good.convert("RGBA")),
+        "train/apple/rotated.JPEG": rotated_jpeg(),
+        "train/apple/large.JPEG": jpeg(Image.fromarray(gradient(8000, 6000))),
+        "train/apple/truncated.JPEG": jpeg(good)[:3000],
+        "train/apple/zero.JPEG": b"",
+        "train/apple/text.JPEG": b"this is not an image\n",
+        "train/apple/README.md": b"# notes beside the images\n",
+        "train/crème_brûlée/日本語の写真.JPEG": jpeg(good),
+        "val/apple/v1.JPEG": jpeg(good),
+        "val/crème_brûlée/v2.JPEG": jpeg(good),
+        "val/empty/v3.JPEG": jpeg(good),
+    }
+    for relpath, data in files.items():
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_bytes(data)
+    (root / "train/empty").mkdir()
+    expected = {
+        "train": collections.Counter([(0, 320, 240)] * 6 + [(0, 60, 90), (0, 512, 384), (1, 320, 240)]),
+        "val": collections.Counter([(0, 320, 240), (1, 320, 240), (2, 320, 240)]),
+    }
+    skipped = {str(root / f"train/apple/{name}") for name in ("truncated.JPEG", "zero.JPEG", "text.JPEG", "README.md")}
+    return root, expected, skipped
+
+
+@pytest.fixture(scope="module")
+def converted(bad_source, tmp_path_factory) -> dict:
+    """Both converters run once on the bad source: {script: (result, out)}."""
+    root, _, _ = bad_source
+    outputs = {}
+    for script in CONVERTERS:
+        out = tmp_path_factory.mktemp(script.split(".")[0])
+        outputs[script] = (run_tool(script, root, out, "--num-workers", 2, "--max-resolution", 512), out)
+    return outputs
+
+
+def ffcv_shapes(beton: Path) -> collections.Counter:
+    from ffcv.reader import Reader
+    metadata = Reader(str(beton)).metadata
+    return collections.Counter(zip(metadata["f1"].tolist(), metadata["f0"]["width"].tolist(),
+                                   metadata["f0"]["height"].tolist()))
+
+
+def wds_samples(split_dir: Path) -> list[dict]:
+    """Every sample of a split through the webdataset package, images decoded as PIL."""
+    import webdataset as wds
+    urls = [str(p) for p in sorted(split_dir.glob("shard-*.tar"))]
+    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("pil", only=["jpg", "cls"])
+    return list(dataset)
+
+
+@pytest.mark.parametrize("script", CONVERTERS)
+def test_bad_input_is_converted_or_skipped_with_reasons(script, bad_source, converted):
+    root, expected, expected_skips = bad_source
+    result, out = converted[script]
+    assert result.returncode == 0, result.stderr
+    manifest = read_manifest(out)
+    assert manifest["classes"] == CLASSES
+    assert manifest["counts"] == {split: sum(c.values()) for split, c in expected.items()}
+    assert {s["path"] for s in manifest["skipped"]} == expected_skips
+    reasons = {Path(s["path"]).name: s["reason"] for s in manifest["skipped"]}
+    assert "truncated" in reasons["truncated.JPEG"]
+    assert "empty" in reasons["zero.JPEG"]
+    assert "extension" in reasons["README.md"]
+    for path in expected_skips:
+        assert f"skipped {path}: " in result.stderr
+    assert manifest["splits"]["train"]["empty_classes"] == ["empty"]
+    assert manifest["params"]["max_resolution"] == 512 and manifest["source"] == str(root.resolve())
+    assert {"numpy", "python"} <= set(manifest["versions"])
+
+
+def test_ffcv_output_has_the_expected_images_and_labels(bad_source, converted):
+    _, expected, _ = bad_source
+    _, out = converted["convert_ffcv.py"]
+    for split in expected:
+        assert ffcv_shapes(out / f"{split}.beton") == expected[split]
+
+
+def test_wds_output_has_the_expected_images_and_labels(bad_source, converted):
+    _, expected, _ = bad_source
+    _, out = converted["convert_wds.py"]
+    for split in expected:
+        samples = wds_samples(out / split)
+        assert all(s["jpg"].mode == "RGB" for s in samples)
+        assert all(int.from_bytes(s["lbl"], "little") == s["cls"] for s in samples)
+        assert collections.Counter((s["cls"], *s["jpg"].size) for s in samples) == expected[split]
+    rotated = [s["jpg"] for s in wds_samples(out / "train") if s["jpg"].size == (60, 90)]
+    top, bottom = np.asarray(rotated[0])[5, 30], np.asarray(rotated[0])[-5, 30]
+    assert top[0] > 200 > top[2] and bottom[2] > 200 > bottom[0], "EXIF rotation not applied"
+
+
+@pytest.mark.parametrize("script", CONVERTERS)
+def test_strict_fails_when_anything_was_skipped(script, bad_source, tmp_path):
+    root, _, _ = bad_source
+    result = run_tool(script, root, tmp_path / "out", "--strict", "--splits", "train")
+    assert result.returncode == 1
+    assert read_manifest(tmp_path / "out")["counts"] == {"train": 9}
+    clean = run_tool(script, root, tmp_path / "clean", "--strict", "--splits", "val")
+    assert clean.returncode == 0, clean.stderr
+
+
+@pytest.mark.parametrize("script", CONVERTERS)
+def test_missing_or_empty_source_is_a_one_line_error(script, tmp_path):
+    for src in (tmp_path / "missing", tmp_path / "empty"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        result = run_tool(script, src, tmp_path / "out")
+        assert result.returncode == 2
+        assert result.stderr.count("\n") == 1 and str(src) in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    (tmp_path / "layout/train/cat").mkdir(parents=True)
+    result = run_tool(script, tmp_path / "layout", tmp_path / "out")
+    assert result.returncode == 2 and "val" in result.stderr and result.stderr.count("\n") == 1
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def kill_when_writing(script: str, src: Path, out: Path, temporary_glob: str) -> None:
+    """Start a conversion and SIGKILL it as soon as its temporary output appears."""
+    process = subprocess.Popen([sys.executable, str(TOOLS / script), str(src), str(out), "--force",
+                                "--num-workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(out.glob(temporary_glob)):
+        assert process.poll() is None, "the conversion ended before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+@pytest.fixture(scope="module")
+def many_images(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("many") / "src"
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 300), ("val", 10)):
+        for i in range(n):
+            path = root / split / f"c{i % 3}" / f"{i}.JPEG"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(jpeg(Image.fromarray(rng.integers(0, 255, (300, 400, 3), dtype=np.uint8))))
+    return root
+
+
+@pytest.mark.parametrize("script,temporary", [("convert_ffcv.py", ".train.beton.tmp-*"),
+                                               ("convert_wds.py", ".train.tmp-*")])
+def test_an_interrupted_run_loses_nothing_and_looks_incomplete(script, temporary, many_images, tmp_path):
+    out = tmp_path / "out"
+    kill_when_writing(script, many_images, out, temporary)
+    assert not (out / "manifest.json").exists()
+    assert not (out / "train.beton").exists() and not (out / "train").exists()
+
+    run_tool(script, many_images, out, "--shard-size-mb", 1, check=True) if script == "convert_wds.py" \
+        else run_tool(script, many_images, out, check=True)
+    before = {k: v for k, v in tree_digest(out).items() if ".tmp-" not in k}
+    kill_when_writing(script, many_images, out, temporary)
+    after = {k: v for k, v in tree_digest(out).items() if ".tmp-" not in k}
+    assert after == before
+
+
+def test_up_to_date_outputs_are_not_written_again(bad_source, tmp_path):
+    root, _, _ = bad_source
+    out = tmp_path / "out"
+    run_tool("convert_wds.py", root, out, check=True)
+    first = tree_digest(out)
+    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")}
+    again = run_tool("convert_wds.py", root, out, check=True)
+    assert "train is up to date" in again.stderr and "val is up to date" in again.stderr
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")} == mtimes
+
+    # Converting one split keeps the other in the manifest; a changed source is converted again.
+    os.utime(root / "val/apple/v1.JPEG", ns=(1, 1))
+    partial = run_tool("convert_wds.py", root, out, "--splits", "val", check=True)
+    assert "val is up to date" not in partial.stderr
+    assert read_manifest(out)["counts"] == {"train": 9, "val": 3}
+    assert tree_digest(out)["train/shard-000000.tar"] == first["train/shard-000000.tar"]
+
+
+def test_wds_shards_are_deterministic_and_size_capped(many_images, tmp_path):
+    for name in ("a", "b"):
+        run_tool("convert_wds.py", many_images, tmp_path / name, "--shard-size-mb", 1, "--splits", "train",
+                 check=True)
+    digests = {name: tree_digest(tmp_path / name / "train") for name in ("a", "b")}
+    assert digests["a"] == digests["b"]
+    shards = read_manifest(tmp_path / "a")["splits"]["train"]["shards"]
+    assert len(shards) > 1 and sum(s["count"] for s in shards) == 300
+    assert all((tmp_path / "a/train" / s["tar"]).stat().st_size <= 2**20 for s in shards)
+
+
+def dali_labels(split_dir: Path, manifest: dict, split: str) -> list[int]:
+    """Labels read by DALI's readers.webdataset (CPU pipeline) through the .idx files."""
+    from nvidia.dali import fn, pipeline_def, types
+    members = manifest["splits"][split]["members"]
+    tars = [str(split_dir / s["tar"]) for s in manifest["splits"][split]["shards"]]
+
+    @pipeline_def(batch_size=8, num_threads=1, device_id=None)
+    def labels_pipeline():
+        jpegs, labels = fn.readers.webdataset(paths=tars, index_paths=[t[:-4] + ".idx" for t in tars],
+                                              ext=[members["image"], members["label_int32"]],
+                                              dtypes=[types.UINT8, types.INT32], name="reader")
+        return fn.decoders.image(jpegs, device="cpu"), labels
+
+    pipe = labels_pipeline()
+    pipe.build()
+    count = manifest["counts"][split]
+    labels = []
+    while len(labels) < count:
+        _, batch = pipe.run()
+        labels += [int(np.asarray(batch[i])[0]) for i in range(len(batch))]
+    assert pipe.epoch_size("reader") == count
+    return labels[:count]
+
+
+def test_sample_sets_read_back_with_ffcv_webdataset_and_dali(sample_sets, tmp_path):
+    from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+
+    for name in ("fashion", "photos"):
+        src = sample_sets / name
+        ffcv_out, wds_out = tmp_path / f"{name}_ffcv", tmp_path / f"{name}_wds"
+        run_tool("convert_ffcv.py", src, ffcv_out, check=True)
+        run_tool("convert_wds.py", src, wds_out, check=True)
+        for out in (ffcv_out, wds_out):
+            manifest = read_manifest(out)
+            assert manifest["classes"] == sorted(p.name for p in (src / "train").iterdir())
+            assert manifest["skipped"] == []
+        for split in ("train", "val"):
+            sources = sorted((src / split).glob("*/*.JPEG"))
+            true_labels = collections.Counter(manifest["classes"].index(p.parent.name) for p in sources)
+            assert read_manifest(ffcv_out)["counts"][split] == read_manifest(wds_out)["counts"][split] == len(sources)
+
+            image_pipeline = [SimpleRGBImageDecoder()] if name == "fashion" else None
+            loader = Loader(str(ffcv_out / f"{split}.beton"), batch_size=16, num_workers=1,
+                            order=OrderOption.SEQUENTIAL,
+                            pipelines={"image": image_pipeline, "label": [IntDecoder()]})
+            ffcv_labels, ffcv_images = [], []
+            for batch in loader:
+                ffcv_labels += batch[-1].ravel().tolist()
+                if name == "fashion":
+                    ffcv_images.append(batch[0].copy())  # the Loader reuses its buffers
+            assert collections.Counter(ffcv_labels) == true_labels
+
+            samples = wds_samples(wds_out / split)
+            assert collections.Counter(s["cls"] for s in samples) == true_labels
+            assert collections.Counter(dali_labels(wds_out / split, read_manifest(wds_out), split)) == true_labels
+
+            if name == "fashion":
+                # FFCV stores in source order: its pixels are the source's, re-encoded at quality 90.
+                stored = np.concatenate(ffcv_images).astype(np.float32)
+                original = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in sources]).astype(np.float32)
+                assert stored.shape == original.shape
+                assert np.abs(stored - original).mean() < 4.0
+                # Untouched JPEGs go into the shards byte for byte.
+                source_bytes = {p.read_bytes() for p in sources}
+                import webdataset as wds
+                raw = wds.WebDataset([str(p) for p in sorted((wds_out / split).glob("*.tar"))], shardshuffle=False)
+                assert {s["jpg"] for s in raw} == source_bytes

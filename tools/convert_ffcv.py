@@ -1,0 +1,118 @@
+"""Convert an ImageNet-layout folder to FFCV: OUT/train.beton, OUT/val.beton, OUT/manifest.json.
+
+    python tools/convert_ffcv.py SRC OUT [--max-resolution 512] [--write-mode jpg] ...
+
+Fields: `image` (RGBImageField) and `label` (IntField, index into the manifest's classes).
+Options follow ffcv-imagenet's writer. Files that do not decode are found by a cheap
+first pass (JPEG at 1/8 scale) and left out, because FFCV's writer waits forever for a
+worker that raised; should a file still fail in the writer, it is written as a 1x1
+placeholder, and the split is written again without it, so no placeholder is ever kept.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from convert_common import (ConversionError, SplitResult, common_parser, describe_failure, load_rgb,  # noqa: E402
+                            main_guard, parallel_map, probe, replace_atomically, run_conversion)
+from pipeline.imagefolder import Sample, Skipped  # noqa: E402
+
+WRITE_MODES = ("raw", "jpg", "smart", "proportion")
+
+
+class FolderForWriter:
+    """The indexable dataset FFCV's writer pulls from: (RGB uint8 array, label) per index.
+
+    Never raises: a failure is appended to `failure_log` (one `index<TAB>reason` line, an
+    append of under PIPE_BUF bytes, so lines from several workers do not interleave) and a
+    1x1 placeholder takes the sample's place.
+    """
+
+    def __init__(self, samples: list[Sample], max_resolution: int | None, failure_log: str):
+        self.samples, self.max_resolution, self.failure_log = samples, max_resolution, failure_log
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        sample = self.samples[index]
+        try:
+            return load_rgb(sample.path, self.max_resolution).pixels, sample.label
+        except Exception as error:  # noqa: BLE001 - see the class docstring
+            with open(self.failure_log, "a", encoding="utf-8") as log:
+                log.write(f"{index}\t{describe_failure(error)}\n")
+            return np.zeros((1, 1, 3), np.uint8), sample.label
+
+
+def write_beton(args, samples: list[Sample], path: Path) -> list[tuple[int, str]]:
+    """Write samples to path with FFCV's DatasetWriter; the (index, reason) of failed samples."""
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    image_field = RGBImageField(write_mode=args.write_mode, max_resolution=args.max_resolution or None,
+                                smart_threshold=args.smart_threshold, jpeg_quality=args.jpeg_quality,
+                                compress_probability=args.compress_probability)
+    with tempfile.NamedTemporaryFile("r", suffix=".failures", dir=path.parent, delete=True) as log:
+        dataset = FolderForWriter(samples, args.max_resolution or None, log.name)
+        writer = DatasetWriter(str(path), {"image": image_field, "label": IntField()},
+                               num_workers=args.num_workers)
+        writer.from_indexed_dataset(dataset, chunksize=args.chunk_size)
+        return [(int(index), reason) for index, reason in (line.rstrip("\n").split("\t", 1) for line in log)]
+
+
+def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitResult:
+    reasons = list(parallel_map(probe, [s.path for s in samples], args.num_workers, f"{split}: checking"))
+    skipped = [Skipped(s.path, reason) for s, reason in zip(samples, reasons) if reason]
+    good = [s for s, reason in zip(samples, reasons) if not reason]
+    final = out / f"{split}.beton"
+    tmp = out / f".{split}.beton.tmp-{os.getpid()}"
+    try:
+        for attempt in (1, 2):
+            if not good:
+                break
+            print(f"{split}: writing {len(good)} samples to {final}", file=sys.stderr)
+            failures = write_beton(args, good, tmp)
+            if not failures:
+                break
+            if attempt == 2:
+                raise ConversionError(f"{final}: samples kept failing in FFCV's writer: "
+                                      f"{[good[i].path for i, _ in failures][:5]}")
+            print(f"{split}: {len(failures)} files failed only in the writer; writing again without them",
+                  file=sys.stderr)
+            failed = {i for i, _ in failures}
+            skipped += [Skipped(good[i].path, reason) for i, reason in failures]
+            good = [s for i, s in enumerate(good) if i not in failed]
+        if not good:
+            print(f"warning: {split}: no decodable images; {final.name} not written", file=sys.stderr)
+            return SplitResult(0, skipped)
+        replace_atomically(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return SplitResult(len(good), skipped, [final.name], {"bytes": final.stat().st_size})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = common_parser(__doc__.splitlines()[0])
+    parser.add_argument("--write-mode", choices=WRITE_MODES, default="jpg",
+                        help="how images are stored: raw pixels, JPEG, smart (JPEG above --smart-threshold "
+                             "bytes of raw pixels), proportion (JPEG with --compress-probability)")
+    parser.add_argument("--smart-threshold", type=int, default=None,
+                        help="with --write-mode smart: JPEG-encode images whose raw pixels exceed this many bytes")
+    parser.add_argument("--compress-probability", type=float, default=0.5,
+                        help="with --write-mode proportion: share of images stored as JPEG")
+    parser.add_argument("--chunk-size", type=int, default=100, help="samples per writer work item")
+    args = parser.parse_args(argv)
+    if not 0 <= args.compress_probability <= 1:
+        raise ConversionError(f"--compress-probability must be in [0, 1], got {args.compress_probability}")
+    if args.chunk_size < 1:
+        raise ConversionError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+    return run_conversion(args, "ffcv", ("ffcv", "numba"), convert_split)
+
+
+if __name__ == "__main__":
+    main_guard(main)

@@ -1,0 +1,146 @@
+"""Convert an ImageNet-layout folder to WebDataset shards: OUT/<split>/shard-NNNNNN.tar + .idx.
+
+    python tools/convert_wds.py SRC OUT [--max-resolution 512] [--shard-size-mb 256] ...
+
+Each sample is three tar members sharing a key: `KEY.jpg` (the image), `KEY.cls` (the
+label as ASCII decimal, which the `webdataset` package decodes to an int) and `KEY.lbl`
+(the label as little-endian int32: DALI's `readers.webdataset` hands members over as raw
+bytes, so it reads this one with `dtypes=INT32`, where ASCII labels of different lengths
+would break its batches). The manifest's `members` names them for the loaders.
+
+Resize semantics are the FFCV converter's (longest side at most --max-resolution, OpenCV's
+INTER_AREA, FFCV's size rounding). An RGB JPEG that needs no resize and no EXIF rotation
+is stored as it is, without a lossy re-encode; anything else is re-encoded at
+--jpeg-quality. Train samples are written in a seeded random order, because WebDataset
+readers only shuffle shards and a buffer; val stays in folder order. DALI's index files
+(`wds2idx` format) are written beside the shards. Tars are deterministic: the same input
+and options give the same bytes.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import tarfile
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from convert_common import (ConversionError, SplitResult, common_parser, describe_failure, encode_jpeg,  # noqa: E402
+                            fsync_path, load_rgb, main_guard, parallel_map, replace_atomically, run_conversion)
+from pipeline.imagefolder import Sample, Skipped  # noqa: E402
+
+MEMBERS = {"image": "jpg", "label": "cls", "label_int32": "lbl"}
+SHARD_PATTERN = "shard-{:06d}"
+
+
+@dataclass
+class Encoded:
+    jpeg: bytes | None        # None when the file could not be used
+    reason: str | None = None
+
+
+def encode_sample(path: str, max_resolution: int | None, jpeg_quality: int) -> Encoded:
+    try:
+        image = load_rgb(path, max_resolution)
+        if image.untouched:
+            with open(path, "rb") as f:
+                return Encoded(f.read())
+        return Encoded(encode_jpeg(image.pixels, jpeg_quality))
+    except Exception as error:  # noqa: BLE001 - any failure of any decoder is a skip
+        return Encoded(None, describe_failure(error))
+
+
+class ShardWriter:
+    """Writes samples into size-capped, deterministic tar shards, each with its DALI index."""
+
+    def __init__(self, folder: Path, max_bytes: int):
+        self.folder, self.max_bytes = folder, max_bytes
+        self.shards: list[dict] = []
+        self.tar: tarfile.TarFile | None = None
+
+    def add(self, key: str, members: dict[str, bytes]) -> None:
+        size = sum(512 + -(-len(data) // 512) * 512 for data in members.values())
+        if self.tar is None or (self.shards[-1]["count"] and self.shards[-1]["bytes"] + size > self.max_bytes):
+            self._open_next()
+        for ext, data in members.items():
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size, info.mode, info.mtime = len(data), 0o444, 0
+            self.tar.addfile(info, io.BytesIO(data))
+        self.shards[-1]["count"] += 1
+        self.shards[-1]["bytes"] += size
+
+    def _open_next(self) -> None:
+        self._close_current()
+        name = SHARD_PATTERN.format(len(self.shards))
+        self.shards.append({"tar": f"{name}.tar", "index": f"{name}.idx", "count": 0, "bytes": 0})
+        self.tar = tarfile.open(self.folder / f"{name}.tar", "w", format=tarfile.USTAR_FORMAT)
+
+    def _close_current(self) -> None:
+        if self.tar is None:
+            return
+        self.tar.close()
+        shard = self.shards[-1]
+        fsync_path(self.folder / shard["tar"])
+        from wds2idx import IndexCreator  # shipped with DALI
+        with IndexCreator(str(self.folder / shard["tar"]), str(self.folder / shard["index"]), verbose=False) as ic:
+            ic.create_index()
+        self.tar = None
+
+    def close(self) -> None:
+        self._close_current()
+
+
+def write_order(samples: list[Sample], split: str, seed: int) -> list[Sample]:
+    if split != "train":
+        return samples
+    return [samples[i] for i in np.random.default_rng(seed).permutation(len(samples))]
+
+
+def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitResult:
+    final = out / split
+    tmp = out / f".{split}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        ordered = write_order(samples, split, args.seed)
+        encode = partial(encode_sample, max_resolution=args.max_resolution or None, jpeg_quality=args.jpeg_quality)
+        writer, skipped = ShardWriter(tmp, int(args.shard_size_mb * 2**20)), []
+        for sample, encoded in zip(ordered, parallel_map(encode, [s.path for s in ordered], args.num_workers,
+                                                         f"{split}: encoding")):
+            if encoded.jpeg is None:
+                skipped.append(Skipped(sample.path, encoded.reason))
+                continue
+            count = sum(shard["count"] for shard in writer.shards)
+            writer.add(f"{count:09d}", {MEMBERS["image"]: encoded.jpeg,
+                                        MEMBERS["label"]: str(sample.label).encode("ascii"),
+                                        MEMBERS["label_int32"]: np.int32(sample.label).astype("<i4").tobytes()})
+        writer.close()
+        count = sum(shard["count"] for shard in writer.shards)
+        if not count:
+            print(f"warning: {split}: no decodable images; {final} not written", file=sys.stderr)
+            return SplitResult(0, skipped)
+        replace_atomically(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    files = [f"{split}/{shard[kind]}" for shard in writer.shards for kind in ("tar", "index")]
+    return SplitResult(count, skipped, files, {"shards": writer.shards, "members": MEMBERS,
+                                               "bytes": sum((out / f).stat().st_size for f in files)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = common_parser(__doc__.splitlines()[0])
+    parser.add_argument("--shard-size-mb", type=float, default=256, help="largest shard size in MiB")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the train split's write order")
+    args = parser.parse_args(argv)
+    if args.shard_size_mb <= 0:
+        raise ConversionError(f"--shard-size-mb must be > 0, got {args.shard_size_mb}")
+    return run_conversion(args, "webdataset", ("webdataset", "nvidia-dali-cuda120"), convert_split)
+
+
+if __name__ == "__main__":
+    main_guard(main)

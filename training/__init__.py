@@ -1,0 +1,1 @@
+"""training package (filled in by later issues)."""
