@@ -11,8 +11,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
 sys.path.insert(0, str(TOOLS))
-# Debian packages that make_sample_data unpacks, kept between test sessions (git-ignored).
-DEBIAN_CACHE = ROOT / "data" / ".debian"
 
 
 def run_tool(script: str, *args, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -29,10 +27,18 @@ def read_manifest(out: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
-def sample_sets(tmp_path_factory) -> Path:
+def debian_cache(request, tmp_path_factory) -> Path:
+    """Where make_sample_data unpacks the Debian packages it needs (about 170 MB), kept in
+    pytest's cache folder so that later sessions do not download them again."""
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    return cache.mkdir("debian-packages") if cache else tmp_path_factory.mktemp("debian")
+
+
+@pytest.fixture(scope="session")
+def sample_sets(tmp_path_factory, debian_cache) -> Path:
     """Both sample sets, a few images per class, in ImageNet layout."""
     from make_sample_data import make_fashion, make_photos
     root = tmp_path_factory.mktemp("sample")
-    make_fashion(root, limit=12, progress=False, cache_dir=DEBIAN_CACHE)
-    make_photos(root, limit=4, progress=False, cache_dir=DEBIAN_CACHE)
+    make_fashion(root, limit=12, progress=False, cache_dir=debian_cache)
+    make_photos(root, limit=4, progress=False, cache_dir=debian_cache)
     return root

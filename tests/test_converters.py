@@ -296,7 +296,7 @@ def test_sample_sets_read_back_with_ffcv_webdataset_and_dali(sample_sets, tmp_pa
 
             image_pipeline = [SimpleRGBImageDecoder()] if name == "fashion" else None
             loader = Loader(str(ffcv_out / f"{split}.beton"), batch_size=16, num_workers=1,
-                            order=OrderOption.SEQUENTIAL,
+                            order=OrderOption.SEQUENTIAL, drop_last=False,  # FFCV drops it by default
                             pipelines={"image": image_pipeline, "label": [IntDecoder()]})
             ffcv_labels, ffcv_images = [], []
             for batch in loader:
