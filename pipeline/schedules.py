@@ -1,0 +1,118 @@
+"""Resolution schedules: epoch -> training resolution, applied by the loaders at `set_epoch`.
+
+Two published forms, each a small frozen dataclass callable on the epoch:
+- `FFCVRamp` (ffcv-imagenet): `min_res` until `start_ramp`, a linear ramp rounded to a
+  multiple of `multiple` (32) until `end_ramp`, then `max_res`;
+- `ComposerRamp` (MosaicML's ProgressiveResizing, at epoch granularity): the scale stays at
+  `initial_scale` for the first `delay_fraction` of training, rises linearly to 1 at the start
+  of the last `finetune_fraction`, and the side is rounded to a multiple of `size_increment`.
+`resolution_schedule(value)` builds one from an int or a mapping, as found in a config.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable, Mapping, Union
+
+Schedule = Callable[[int], int]
+
+
+@dataclass(frozen=True)
+class ConstantResolution:
+    resolution: int
+
+    def __post_init__(self):
+        _check(self.resolution >= 8, f"resolution must be >= 8, got {self.resolution}")
+
+    def __call__(self, epoch: int) -> int:
+        return self.resolution
+
+
+@dataclass(frozen=True)
+class FFCVRamp:
+    min_res: int
+    max_res: int
+    start_ramp: int
+    end_ramp: int
+    multiple: int = 32
+
+    def __post_init__(self):
+        _check(8 <= self.min_res <= self.max_res, f"need 8 <= min_res <= max_res, got {self.min_res}, {self.max_res}")
+        _check(0 <= self.start_ramp <= self.end_ramp,
+               f"need 0 <= start_ramp <= end_ramp, got {self.start_ramp}, {self.end_ramp}")
+        _check(self.multiple >= 1, f"multiple must be >= 1, got {self.multiple}")
+
+    def __call__(self, epoch: int) -> int:
+        if epoch <= self.start_ramp:
+            return self.min_res
+        if epoch >= self.end_ramp:
+            return self.max_res
+        fraction = (epoch - self.start_ramp) / (self.end_ramp - self.start_ramp)
+        resolution = self.min_res + fraction * (self.max_res - self.min_res)
+        return int(round(resolution / self.multiple)) * self.multiple
+
+
+@dataclass(frozen=True)
+class ComposerRamp:
+    final_res: int
+    total_epochs: int
+    initial_scale: float = 0.5
+    delay_fraction: float = 0.5
+    finetune_fraction: float = 0.2
+    size_increment: int = 4
+
+    def __post_init__(self):
+        _check(self.final_res >= 8, f"final_res must be >= 8, got {self.final_res}")
+        _check(self.total_epochs >= 1, f"total_epochs must be >= 1, got {self.total_epochs}")
+        _check(0 < self.initial_scale <= 1, f"initial_scale must be in (0, 1], got {self.initial_scale}")
+        _check(0 <= self.delay_fraction and 0 <= self.finetune_fraction
+               and self.delay_fraction + self.finetune_fraction <= 1,
+               f"need delay_fraction, finetune_fraction >= 0 with a sum <= 1, "
+               f"got {self.delay_fraction}, {self.finetune_fraction}")
+        _check(self.size_increment >= 1, f"size_increment must be >= 1, got {self.size_increment}")
+
+    def scale(self, epoch: int) -> float:
+        elapsed = epoch / self.total_epochs
+        ramp = 1 - self.finetune_fraction - self.delay_fraction
+        if elapsed < self.delay_fraction:
+            progress = 0.0
+        elif ramp <= 0:
+            progress = 1.0
+        else:
+            progress = min((elapsed - self.delay_fraction) / ramp, 1.0)
+        return self.initial_scale + (1 - self.initial_scale) * progress
+
+    def __call__(self, epoch: int) -> int:
+        side = round(self.final_res * self.scale(epoch) / self.size_increment) * self.size_increment
+        return max(self.size_increment, min(side, self.final_res))
+
+
+FORMS = {"ffcv": FFCVRamp, "composer": ComposerRamp}
+
+
+def resolution_schedule(value: Union[int, Schedule, Mapping]) -> Schedule:
+    """An int (constant), a schedule, or a mapping with `form: ffcv|composer` and its fields."""
+    if isinstance(value, bool):
+        raise ValueError(f"resolution must be an int or a schedule, got {value!r}")
+    if isinstance(value, int):
+        return ConstantResolution(value)
+    if callable(value):
+        return value
+    if isinstance(value, Mapping):
+        options = dict(value)
+        form = options.pop("form", None)
+        if form not in FORMS:
+            raise ValueError(f"resolution schedule needs form: one of {sorted(FORMS)}, got {form!r}")
+        known = {f.name for f in fields(FORMS[form])}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"resolution schedule ({form}): unknown keys {unknown}; valid keys: {sorted(known)}")
+        try:
+            return FORMS[form](**options)
+        except TypeError as error:
+            raise ValueError(f"resolution schedule ({form}): {error}") from None
+    raise ValueError(f"resolution must be an int, a schedule or a mapping, got {type(value).__name__}")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
