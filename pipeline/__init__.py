@@ -1,1 +1,35 @@
-"""pipeline package (filled in by later issues)."""
+"""Loaders: one interface (`LoaderSpec` -> `build_loader`), several backends, one semantics.
+
+    loader = build_loader(LoaderSpec(backend="synthetic", batch_size=256, resolution=160))
+    loader.set_epoch(epoch)              # reshuffle; the resolution the schedule gives
+    for images, labels in loader: ...    # float NCHW, normalized, channels_last, on spec.device
+
+Each backend lives in a module of its own and is imported only when asked for, so a
+missing optional package (ffcv, nvidia-dali) only matters to the backend that needs it.
+"""
+from __future__ import annotations
+
+import importlib
+
+from pipeline.spec import BACKENDS, LoaderSpec
+
+# backend -> (module, class, the pip package it needs)
+_IMPLEMENTATIONS = {
+    "synthetic": ("pipeline.synthetic", "SyntheticLoader", None),
+}
+
+
+def build_loader(spec: LoaderSpec):
+    if spec.backend not in _IMPLEMENTATIONS:
+        raise NotImplementedError(f"loader backend {spec.backend!r} is not implemented yet; "
+                                  f"available: {', '.join(_IMPLEMENTATIONS)}")
+    module_name, class_name, package = _IMPLEMENTATIONS[spec.backend]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ImportError(f"loader backend {spec.backend!r} needs the package {package!r} "
+                          f"({error}); run `make setup`") from None
+    return getattr(module, class_name)(spec)
+
+
+__all__ = ["BACKENDS", "LoaderSpec", "build_loader"]

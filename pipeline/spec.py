@@ -1,0 +1,75 @@
+"""LoaderSpec: everything a loader backend needs to know, validated once, in one dataclass."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from pipeline.schedules import Schedule, resolution_schedule
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+BACKENDS = ("ffcv", "dali", "webdataset", "folder", "synthetic")
+SPLITS = ("train", "val")
+
+
+@dataclass
+class LoaderSpec:
+    backend: str
+    path: Optional[str] = None          # converter output (ffcv, webdataset), ImageNet root (folder), either (dali)
+    split: str = "train"
+    batch_size: int = 256               # per rank
+    resolution: Any = 224               # train: an int, a schedule, or a schedule mapping (pipeline.schedules)
+    val_resolution: int = 224
+    scale: tuple[float, float] = (0.08, 1.0)          # RandomResizedCrop area share
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)       # RandomResizedCrop aspect ratio
+    colout: Optional[tuple[float, float]] = None      # (p_row, p_col) dropped in the loader
+    num_workers: int = 2
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+    rank: Optional[int] = None          # default: torch.distributed's, when initialised, else 0
+    world_size: Optional[int] = None    # likewise, else 1
+    drop_last: Optional[bool] = None    # default: True for train, False for val
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    on_corrupt: str = "skip"            # a sample that fails to decode: "skip" (counted) or "raise"
+    num_classes: Optional[int] = None   # synthetic only; the others read it from the data
+    synthetic_size: int = 10_000        # synthetic only: samples per epoch over all ranks
+    schedule: Schedule = field(init=False, repr=False)
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown loader backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+        if self.backend != "synthetic" and not self.path:
+            raise ValueError(f"backend {self.backend!r} needs a path")
+        if self.batch_size < 1 or self.num_workers < 0:
+            raise ValueError(f"need batch_size >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}")
+        if not (0 < self.scale[0] <= self.scale[1] <= 1 and 0 < self.ratio[0] <= self.ratio[1]):
+            raise ValueError(f"bad crop scale {self.scale} or ratio {self.ratio}")
+        if self.colout is not None:
+            from pipeline.colout import kept_size
+            kept_size(8, 8, *self.colout)  # validates the shares
+        if self.on_corrupt not in ("skip", "raise"):
+            raise ValueError(f"on_corrupt must be 'skip' or 'raise', got {self.on_corrupt!r}")
+        self.schedule = resolution_schedule(self.resolution)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if self.rank is None:
+            self.rank = torch.distributed.get_rank() if distributed else 0
+        if self.world_size is None:
+            self.world_size = torch.distributed.get_world_size() if distributed else 1
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank {self.rank}, world_size {self.world_size}")
+        if self.drop_last is None:
+            self.drop_last = self.split == "train"
+
+    @property
+    def train(self) -> bool:
+        return self.split == "train"
+
+    def resolution_at(self, epoch: int) -> int:
+        """The side of the square images this split yields in this epoch."""
+        return self.schedule(epoch) if self.train else self.val_resolution
