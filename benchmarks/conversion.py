@@ -42,13 +42,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("src", type=Path)
     parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--formats", default=",".join(CONVERTERS), help="comma-separated: ffcv, webdataset")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     hardware = signature()
     print(f"# {hardware['cpu']}, {hardware['cores']} cores, {hardware['memory_gib']} GiB; source {args.src}")
     print(f"{'format':<11} {'workers':>7} {'images':>7} {'median s':>9} {'img/s':>7} {'MiB':>7}")
     with open(ROOT / "benchmarks" / "results" / "conversion.jsonl", "a", encoding="utf-8") as results:
-        for name, script in CONVERTERS.items():
+        for name in args.formats.split(","):
+            script = CONVERTERS[name]
             for workers in map(int, args.workers.split(",")):
                 runs = [run_once(script, args.src, workers) for _ in range(args.repeats)]
                 seconds = statistics.median(r[0] for r in runs)

@@ -60,15 +60,26 @@ def target_size(width: int, height: int, max_resolution: int | None) -> tuple[in
     return int(ratio * width), int(ratio * height)
 
 
-@dataclass
-class LoadedImage:
-    pixels: np.ndarray          # (H, W, 3) uint8 RGB, resized to the target size
-    source_format: str          # 'JPEG', 'PNG', ...
-    untouched: bool             # an RGB JPEG stored as it is, its bytes usable without re-encoding
+ROTATED = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees: width and height swap
 
 
-def load_rgb(path: str, max_resolution: int | None = None) -> LoadedImage:
-    """Decode any Pillow-readable image to RGB, apply the EXIF rotation, shrink to max_resolution.
+def oriented_size(image: Image.Image) -> tuple[int, int, int]:
+    """(width, height, EXIF orientation) as the image is meant to be shown."""
+    orientation = image.getexif().get(0x0112, 1)
+    width, height = image.size
+    return (height, width, orientation) if orientation in ROTATED else (width, height, orientation)
+
+
+def usable_as_is(image: Image.Image, max_resolution: int | None) -> bool:
+    """An RGB JPEG with no EXIF rotation and no resize to do: its bytes can be stored unchanged."""
+    width, height, orientation = oriented_size(image)
+    return (image.format == "JPEG" and image.mode == "RGB" and orientation == 1
+            and target_size(width, height, max_resolution) == (width, height))
+
+
+def load_rgb(path: str, max_resolution: int | None = None) -> np.ndarray:
+    """Decode any Pillow-readable image to (H, W, 3) uint8 RGB, EXIF rotation applied, shrunk
+    to max_resolution.
 
     JPEGs much larger than the target are decoded with DCT scaling (`Image.draft`) first,
     which is several times faster on 8000x6000 photos; the final size is computed from the
@@ -78,23 +89,16 @@ def load_rgb(path: str, max_resolution: int | None = None) -> LoadedImage:
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         with open_image(path) as image:
-            source_format = image.format or "unknown"
-            orientation = image.getexif().get(0x0112, 1)
-            width, height = image.size
-            if orientation in (5, 6, 7, 8):  # rotated by 90 degrees: width and height swap
-                width, height = height, width
+            width, height, orientation = oriented_size(image)
             out_w, out_h = target_size(width, height, max_resolution)
-            if source_format == "JPEG" and (out_w, out_h) != (width, height):
-                stored_w, stored_h = (out_h, out_w) if orientation in (5, 6, 7, 8) else (out_w, out_h)
-                image.draft("RGB", (stored_w, stored_h))
+            if image.format == "JPEG" and (out_w, out_h) != (width, height):
+                image.draft("RGB", (out_h, out_w) if orientation in ROTATED else (out_w, out_h))
             image.load()
-            untouched = source_format == "JPEG" and image.mode == "RGB" and orientation == 1 \
-                and (out_w, out_h) == (width, height)
             image = ImageOps.exif_transpose(image) if orientation != 1 else image
             pixels = np.asarray(image.convert("RGB"))
     if pixels.shape[1::-1] != (out_w, out_h):
         pixels = cv2.resize(pixels, (out_w, out_h), interpolation=cv2.INTER_AREA)
-    return LoadedImage(np.ascontiguousarray(pixels), source_format, untouched)
+    return np.ascontiguousarray(pixels)
 
 
 def encode_jpeg(pixels: np.ndarray, quality: int) -> bytes:

@@ -42,7 +42,7 @@ class FolderForWriter:
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         sample = self.samples[index]
         try:
-            return load_rgb(sample.path, self.max_resolution).pixels, sample.label
+            return load_rgb(sample.path, self.max_resolution), sample.label
         except Exception as error:  # noqa: BLE001 - see the class docstring
             with open(self.failure_log, "a", encoding="utf-8") as log:
                 log.write(f"{index}\t{describe_failure(error)}\n")

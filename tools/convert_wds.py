@@ -31,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convert_common import (ConversionError, SplitResult, common_parser, describe_failure, encode_jpeg,  # noqa: E402
-                            fsync_path, load_rgb, main_guard, parallel_map, replace_atomically, run_conversion)
+                            fsync_path, load_rgb, main_guard, open_image, parallel_map, probe, replace_atomically,
+                            run_conversion, usable_as_is)
 from pipeline.imagefolder import Sample, Skipped  # noqa: E402
 
 MEMBERS = {"image": "jpg", "label": "cls", "label_int32": "lbl"}
@@ -46,11 +47,17 @@ class Encoded:
 
 def encode_sample(path: str, max_resolution: int | None, jpeg_quality: int) -> Encoded:
     try:
-        image = load_rgb(path, max_resolution)
-        if image.untouched:
-            with open(path, "rb") as f:
-                return Encoded(f.read())
-        return Encoded(encode_jpeg(image.pixels, jpeg_quality))
+        with open_image(path) as image:
+            as_is = usable_as_is(image, max_resolution)
+        if not as_is:
+            return Encoded(encode_jpeg(load_rgb(path, max_resolution), jpeg_quality))
+        # Stored unchanged, so a full decode would only check it: probe's 1/8-scale decode
+        # reads the whole stream at a fraction of the cost.
+        reason = probe(path)
+        if reason:
+            return Encoded(None, reason)
+        with open(path, "rb") as f:
+            return Encoded(f.read())
     except Exception as error:  # noqa: BLE001 - any failure of any decoder is a skip
         return Encoded(None, describe_failure(error))
 
@@ -61,6 +68,7 @@ class ShardWriter:
     def __init__(self, folder: Path, max_bytes: int):
         self.folder, self.max_bytes = folder, max_bytes
         self.shards: list[dict] = []
+        self.count = 0
         self.tar: tarfile.TarFile | None = None
 
     def add(self, key: str, members: dict[str, bytes]) -> None:
@@ -73,6 +81,7 @@ class ShardWriter:
             self.tar.addfile(info, io.BytesIO(data))
         self.shards[-1]["count"] += 1
         self.shards[-1]["bytes"] += size
+        self.count += 1
 
     def _open_next(self) -> None:
         self._close_current()
@@ -115,12 +124,11 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
             if encoded.jpeg is None:
                 skipped.append(Skipped(sample.path, encoded.reason))
                 continue
-            count = sum(shard["count"] for shard in writer.shards)
-            writer.add(f"{count:09d}", {MEMBERS["image"]: encoded.jpeg,
+            writer.add(f"{writer.count:09d}", {MEMBERS["image"]: encoded.jpeg,
                                         MEMBERS["label"]: str(sample.label).encode("ascii"),
                                         MEMBERS["label_int32"]: np.int32(sample.label).astype("<i4").tobytes()})
         writer.close()
-        count = sum(shard["count"] for shard in writer.shards)
+        count = writer.count
         if not count:
             print(f"warning: {split}: no decodable images; {final} not written", file=sys.stderr)
             return SplitResult(0, skipped)
