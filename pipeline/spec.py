@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import torch
 
+from pipeline.colout import kept_size
 from pipeline.schedules import Schedule, resolution_schedule
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -51,7 +52,6 @@ class LoaderSpec:
         if not (0 < self.scale[0] <= self.scale[1] <= 1 and 0 < self.ratio[0] <= self.ratio[1]):
             raise ValueError(f"bad crop scale {self.scale} or ratio {self.ratio}")
         if self.colout is not None:
-            from pipeline.colout import kept_size
             kept_size(8, 8, *self.colout)  # validates the shares
         if self.on_corrupt not in ("skip", "raise"):
             raise ValueError(f"on_corrupt must be 'skip' or 'raise', got {self.on_corrupt!r}")

@@ -16,6 +16,8 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
+import debian_packages  # noqa: E402
+import generated_set  # noqa: E402
 import make_sample_data as msd  # noqa: E402
 
 LIMIT = 2
@@ -80,7 +82,7 @@ def test_fashion_layout_counts_and_images(fashion_dir):
 def test_fashion_files_hold_the_labelled_source_images(fashion_dir, debian_cache):
     """Each file is the source image of its index, in the folder of its label: the first
     LIMIT images of each class in source order."""
-    root = msd.debian_package_root(msd.FASHION_PACKAGE, [msd.FASHION_DIR], debian_cache)
+    root = debian_packages.package_root(msd.FASHION_PACKAGE, [msd.FASHION_DIR], debian_cache)
     for split, (image_file, label_file) in msd.FASHION_FILES.items():
         images = msd.read_idx(root / msd.FASHION_DIR / image_file)
         labels = msd.read_idx(root / msd.FASHION_DIR / label_file)
@@ -211,7 +213,7 @@ def test_interrupted_run_resumes(tmp_path, fashion_dir, debian_cache):
     exactly the files an uninterrupted run writes, rewriting only the missing ones."""
     msd.make_fashion(tmp_path, limit=LIMIT, progress=False, cache_dir=debian_cache)
     set_dir = tmp_path / "fashion"
-    (set_dir / msd.DONE_FILE).unlink()
+    (set_dir / generated_set.DONE_FILE).unlink()
     victims = sorted(set_dir.rglob("*.JPEG"))[::7]
     for v in victims:
         v.unlink()
@@ -273,9 +275,9 @@ def test_failed_download_says_what_to_run(tmp_path, monkeypatch, is_root):
         'echo "E: Unable to locate package $2" >&2\n[ "$1" = update ] || exit 100\n')
     (fake_bin / "apt-get").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(msd.os, "geteuid", lambda: 0 if is_root else 1000)
-    with pytest.raises(msd.SampleDataError) as err:
-        msd.fetch_debian_package("mate-backgrounds", tmp_path / "cache")
+    monkeypatch.setattr(os, "geteuid", lambda: 0 if is_root else 1000)
+    with pytest.raises(debian_packages.DebianPackageError) as err:
+        debian_packages.fetch_package("mate-backgrounds", tmp_path / "cache")
     message = str(err.value)
     sudo = "" if is_root else "sudo "
     assert "\n" not in message and "Unable to locate package" in message

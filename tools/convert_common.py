@@ -14,7 +14,6 @@ import json
 import multiprocessing
 import os
 import platform
-import shutil
 import sys
 import time
 import warnings
@@ -29,6 +28,7 @@ from PIL import Image, ImageFile, ImageOps
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from atomic_files import write_bytes_atomic  # noqa: E402
 from pipeline.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split  # noqa: E402
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is a skip, never half an image
@@ -161,36 +161,8 @@ def parallel_map(function: Callable, items: list, num_workers: int, desc: str,
 
 # --- outputs ------------------------------------------------------------------------------
 
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path: Path, content: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(content, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(path.parent)
-
-
-def replace_atomically(tmp: Path, final: Path) -> None:
-    """Put tmp (file or folder) in final's place; an old final is removed only after."""
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    fsync_path(final.parent)
-    if old.is_dir():
-        shutil.rmtree(old)
-    elif old.exists():
-        old.unlink()
+    write_bytes_atomic(path, (json.dumps(content, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def library_versions(*names: str) -> dict[str, str]:

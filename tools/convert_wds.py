@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from atomic_files import fsync_path, replace_atomically  # noqa: E402
 from convert_common import (ConversionError, SplitResult, common_parser, describe_failure, encode_jpeg,  # noqa: E402
-                            fsync_path, load_rgb, main_guard, open_image, parallel_map, probe, replace_atomically,
-                            run_conversion, usable_as_is)
+                            load_rgb, main_guard, open_image, parallel_map, probe, run_conversion, usable_as_is)
 from pipeline.imagefolder import Sample, Skipped  # noqa: E402
 
 MEMBERS = {"image": "jpg", "label": "cls", "label_int32": "lbl"}

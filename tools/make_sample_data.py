@@ -29,23 +29,20 @@ import argparse
 import csv
 import gzip
 import io
-import json
 import math
-import os
-import shutil
 import struct
-import subprocess
 import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
-SPLITS = ("train", "val")
-DONE_FILE = ".done.json"      # written last: the set is complete for these params
-PARAMS_FILE = ".params.json"  # written first: what the JPEGs on disk were made with
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script from anywhere
+from debian_packages import DebianPackageError, package_root  # noqa: E402
+from generated_set import (SPLITS, GeneratedSetError, atomic_write, claim_set_dir, disk_usage_mb,  # noqa: E402
+                           finish_set, finished_counts, summarize, write_missing)
+
 
 # --- fashion ---------------------------------------------------------------------------------
 FASHION_PACKAGE = "dataset-fashion-mnist"
@@ -88,163 +85,10 @@ class SampleDataError(Exception):
     """A failure to report in one line, without a traceback."""
 
 
-# --- files -----------------------------------------------------------------------------------
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write under a temporary name, then rename: a killed run never leaves a partial file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def jpeg_bytes(image: Image.Image, quality: int) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format="JPEG", quality=quality)
     return buf.getvalue()
-
-
-def count_files(set_dir: Path) -> dict:
-    """{split: {class: number of .JPEG files}} as found on disk."""
-    counts = {}
-    for split in SPLITS:
-        split_dir = set_dir / split
-        counts[split] = {
-            d.name: sum(1 for e in os.scandir(d) if e.name.endswith(".JPEG"))
-            for d in sorted(split_dir.iterdir()) if d.is_dir()
-        } if split_dir.is_dir() else {}
-    return counts
-
-
-def disk_usage_mb(path: Path) -> float:
-    """Space the files take on disk (allocated blocks, not apparent size)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        total += sum(os.lstat(os.path.join(root, f)).st_blocks * 512 for f in files)
-    return total / 1e6
-
-
-def finished_counts(set_dir: Path, params: dict) -> dict | None:
-    """Counts of a set finished with these params and intact on disk, else None."""
-    try:
-        done = json.loads((set_dir / DONE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if done.get("params") != params or count_files(set_dir) != done.get("counts"):
-        return None
-    return done["counts"]
-
-
-def claim_set_dir(set_dir: Path, content_params: dict) -> None:
-    """Make set_dir ours for content_params: JPEGs made with other params are removed."""
-    params_file = set_dir / PARAMS_FILE
-    if params_file.exists():
-        try:
-            same = json.loads(params_file.read_text()) == content_params
-        except ValueError:
-            same = False
-        if not same:  # another seed or generator version: every file would differ
-            for split in SPLITS:
-                shutil.rmtree(set_dir / split, ignore_errors=True)
-    elif any((set_dir / s).exists() for s in SPLITS):
-        raise SampleDataError(f"{set_dir} holds files this script did not write (no {PARAMS_FILE});"
-                              f" remove it or choose another --out")
-    set_dir.mkdir(parents=True, exist_ok=True)
-    (set_dir / DONE_FILE).unlink(missing_ok=True)
-    atomic_write(params_file, json.dumps(content_params, sort_keys=True).encode())
-
-
-def write_missing(set_dir: Path, plan: dict, render, desc: str, progress: bool) -> int:
-    """Make set_dir hold exactly the files in plan ({'split/class/name': job}).
-
-    Files already there are kept (same params give the same bytes); files not in the plan
-    (a larger --limit before, temporary files of a killed run) are removed. Returns the
-    number of files written."""
-    planned_dirs = {rel.rsplit("/", 1)[0] for rel in plan}
-    present = set()
-    for split in SPLITS:
-        split_dir = set_dir / split
-        for entry in (sorted(split_dir.iterdir()) if split_dir.is_dir() else ()):
-            rel_dir = f"{split}/{entry.name}"
-            if rel_dir not in planned_dirs:
-                if entry.is_dir():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-                continue
-            for file in os.scandir(entry):
-                if f"{rel_dir}/{file.name}" in plan:
-                    present.add(f"{rel_dir}/{file.name}")
-                else:
-                    os.unlink(file.path)
-    for rel_dir in planned_dirs:
-        (set_dir / rel_dir).mkdir(parents=True, exist_ok=True)
-    missing = [rel for rel in plan if rel not in present]
-    for rel in tqdm(missing, desc=desc, unit="img", disable=not progress or not missing,
-                    file=sys.stderr, dynamic_ncols=True):
-        atomic_write(set_dir / rel, render(plan[rel]))
-    return len(missing)
-
-
-def finish_set(set_dir: Path, params: dict, written: int) -> dict:
-    counts = count_files(set_dir)
-    atomic_write(set_dir / DONE_FILE, json.dumps({"params": params, "counts": counts},
-                                                 indent=1, sort_keys=True).encode())
-    return summarize(set_dir, counts, written)
-
-
-def summarize(set_dir: Path, counts: dict, written: int) -> dict:
-    return {"path": str(set_dir), "classes": len(counts["train"]), "written": written,
-            **{split: sum(counts[split].values()) for split in SPLITS},
-            "per_class": counts}
-
-
-# --- Debian packages -------------------------------------------------------------------------
-def debian_package_root(package: str, paths: list[str], cache_dir: Path) -> Path:
-    """A root under which all of a package's `paths` exist: / if the package is installed,
-    else an unpacked copy in cache_dir (fetched with apt-get download, no root needed)."""
-    for root in (Path("/"), cache_dir / package):
-        if all((root / p).exists() for p in paths):
-            return root
-    root = fetch_debian_package(package, cache_dir)
-    absent = [p for p in paths if not (root / p).exists()]
-    if absent:
-        raise SampleDataError(f"Debian package {package} has no /{absent[0]}: another version?")
-    return root
-
-
-def fetch_debian_package(package: str, cache_dir: Path) -> Path:
-    is_root = os.geteuid() == 0
-    sudo = "" if is_root else "sudo "
-    fix = f"{sudo}apt-get update && {sudo}apt-get install -y {package}"
-    if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
-        raise SampleDataError(f"{package} is not installed and apt-get/dpkg are missing; "
-                              f"install the Debian package {package}")
-    work = cache_dir / f".{package}.partial"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    for attempt in range(2):
-        result = subprocess.run(["apt-get", "download", package], cwd=work,
-                                capture_output=True, text=True)
-        if result.returncode == 0:
-            break
-        if attempt == 0 and is_root:  # a fresh container often has no package lists yet
-            print(f"apt-get download {package} failed; running apt-get update", file=sys.stderr)
-            subprocess.run(["apt-get", "update"], capture_output=True)
-            continue
-        errors = [ln for ln in result.stderr.splitlines() if ln.startswith("E:")]
-        why = errors[-1] if errors else f"exit code {result.returncode}"
-        raise SampleDataError(f"cannot download Debian package {package} ({why}); run: {fix}")
-    debs = sorted(work.glob(f"{package}_*.deb"))
-    if not debs:
-        raise SampleDataError(f"apt-get download {package} left no .deb in {work}; run: {fix}")
-    unpacked = subprocess.run(["dpkg", "-x", str(debs[0]), str(work / "root")],
-                              capture_output=True, text=True)
-    if unpacked.returncode != 0:
-        raise SampleDataError(f"dpkg -x {debs[0].name} failed: {unpacked.stderr.strip()}")
-    dest = cache_dir / package
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(work / "root", dest)  # the cache holds complete packages only
-    shutil.rmtree(work)
-    return dest
 
 
 # --- fashion ---------------------------------------------------------------------------------
@@ -276,7 +120,7 @@ def make_fashion(out_dir, limit: int | None = None, seed: int = 0, progress: boo
 
     claim_set_dir(set_dir, content_params)
     files = [f"{FASHION_DIR}/{name}" for pair in FASHION_FILES.values() for name in pair]
-    root = debian_package_root(FASHION_PACKAGE, files, Path(cache_dir or out_dir / ".debian"))
+    root = package_root(FASHION_PACKAGE, files, Path(cache_dir or out_dir / ".debian"))
     images, plan = {}, {}
     for split, (image_file, label_file) in FASHION_FILES.items():
         images[split] = read_idx(root / FASHION_DIR / image_file)
@@ -392,7 +236,7 @@ def make_photos(out_dir, limit: int | None = None, seed: int = 0, progress: bool
 
     claim_set_dir(set_dir, content_params)
     cache_dir = Path(cache_dir or out_dir / ".debian")
-    roots = {pkg: debian_package_root(pkg, [p for _, q, p in sources if q == pkg], cache_dir)
+    roots = {pkg: package_root(pkg, [p for _, q, p in sources if q == pkg], cache_dir)
              for pkg in dict.fromkeys(pkg for _, pkg, _ in sources)}
     plan, manifest = {}, []
     for source_index, (name, package, path) in enumerate(sources):
@@ -453,7 +297,7 @@ def main(argv=None) -> int:
             print(f"{summary['path']}: {summary['classes']} classes, train {summary['train']}, "
                   f"val {summary['val']}, {disk_usage_mb(Path(summary['path'])):.1f} MB on disk"
                   f" ({summary['written']} files written)", file=sys.stderr)
-    except SampleDataError as err:
+    except (SampleDataError, DebianPackageError, GeneratedSetError) as err:
         print(f"make_sample_data: error: {err}", file=sys.stderr)
         return 1
     except OSError as err:

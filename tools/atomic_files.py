@@ -1,0 +1,48 @@
+"""Writing files so that a crash never leaves a half-written one under its final name.
+
+Everything goes to a temporary name beside the target first and is renamed into place:
+a rename within one folder is atomic, so a reader sees the old file or the new one. With
+`durable=True` the data and the folder entry are also fsynced (manifests, whose presence
+means "complete"); bulk outputs that a rerun recreates skip that cost.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes_atomic(path: Path, data: bytes, durable: bool = True) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if durable:
+        fsync_path(path.parent)
+
+
+def replace_atomically(tmp: Path, final: Path) -> None:
+    """Put tmp (file or folder) in final's place; an old final is removed only after."""
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_path(final.parent)
+    if old.is_dir():
+        shutil.rmtree(old)
+    elif old.exists():
+        old.unlink()
