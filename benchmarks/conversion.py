@@ -46,6 +46,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     hardware = signature()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     print(f"# {hardware['cpu']}, {hardware['cores']} cores, {hardware['memory_gib']} GiB; source {args.src}")
     print(f"{'format':<11} {'workers':>7} {'images':>7} {'median s':>9} {'img/s':>7} {'MiB':>7}")
     with open(ROOT / "benchmarks" / "results" / "conversion.jsonl", "a", encoding="utf-8") as results:
@@ -59,7 +60,7 @@ def main() -> int:
                 results.write(json.dumps({"benchmark": "conversion", "format": name, "workers": workers,
                                           "source": str(args.src), "images": images, "seconds_median": seconds,
                                           "seconds_all": [r[0] for r in runs], "img_per_s": images / seconds,
-                                          "output_bytes": size, "hardware": hardware,
+                                          "output_bytes": size, "hardware": hardware, "commit": commit,
                                           "date": time.strftime("%Y-%m-%d")}) + "\n")
     return 0
 
