@@ -42,3 +42,16 @@ def sample_sets(tmp_path_factory, debian_cache) -> Path:
     make_fashion(root, limit=12, progress=False, cache_dir=debian_cache)
     make_photos(root, limit=4, progress=False, cache_dir=debian_cache)
     return root
+
+
+@pytest.fixture(scope="session")
+def converted_sets(sample_sets, tmp_path_factory) -> dict:
+    """Both sample sets in every form a loader reads: {set: {"folder"|"ffcv"|"webdataset": path}}."""
+    out = tmp_path_factory.mktemp("converted")
+    forms = {}
+    for name in ("fashion", "photos"):
+        ffcv_out, wds_out = out / f"{name}_ffcv", out / f"{name}_wds"
+        run_tool("convert_ffcv.py", sample_sets / name, ffcv_out, check=True)
+        run_tool("convert_wds.py", sample_sets / name, wds_out, check=True)
+        forms[name] = {"folder": sample_sets / name, "ffcv": ffcv_out, "webdataset": wds_out}
+    return forms

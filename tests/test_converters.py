@@ -276,15 +276,13 @@ def dali_labels(split_dir: Path, manifest: dict, split: str) -> list[int]:
     return labels[:count]
 
 
-def test_sample_sets_read_back_with_ffcv_webdataset_and_dali(sample_sets, tmp_path):
+def test_sample_sets_read_back_with_ffcv_webdataset_and_dali(sample_sets, converted_sets):
     from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
 
     for name in ("fashion", "photos"):
         src = sample_sets / name
-        ffcv_out, wds_out = tmp_path / f"{name}_ffcv", tmp_path / f"{name}_wds"
-        run_tool("convert_ffcv.py", src, ffcv_out, check=True)
-        run_tool("convert_wds.py", src, wds_out, check=True)
+        ffcv_out, wds_out = converted_sets[name]["ffcv"], converted_sets[name]["webdataset"]
         for out in (ffcv_out, wds_out):
             manifest = read_manifest(out)
             assert manifest["classes"] == sorted(p.name for p in (src / "train").iterdir())

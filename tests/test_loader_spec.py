@@ -26,11 +26,6 @@ def test_spec_defaults():
     assert (train.rank, train.world_size, train.drop_last, val.drop_last) == (0, 1, True, False)
 
 
-def test_unimplemented_backend_is_a_clear_error(tmp_path):
-    with pytest.raises(NotImplementedError, match="'folder' is not implemented yet"):
-        build_loader(LoaderSpec("folder", path=str(tmp_path)))
-
-
 def test_synthetic_loader_follows_schedule_colout_and_resumes():
     spec = LoaderSpec("synthetic", batch_size=8, synthetic_size=100, dtype=torch.bfloat16, colout=(0.25, 0.5),
                       resolution={"form": "ffcv", "min_res": 64, "max_res": 128, "start_ramp": 0, "end_ramp": 2})

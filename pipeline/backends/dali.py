@@ -1,0 +1,132 @@
+"""The `dali` backend: an NVIDIA DALI pipeline over raw ImageNet-layout folders
+(`readers.file`) or the WebDataset shards (`readers.webdataset`).
+
+With CUDA, JPEGs are decoded by `decoders.image_random_crop(device='mixed')` (nvJPEG,
+with `hw_decoder_load` sending part of the work to the hardware JPEG decoder where there is
+one) and resized, flipped and normalized on the GPU; the batch never visits the host.
+Without CUDA the same graph runs on the CPU (`device_id=None`).
+
+Epochs: a pipeline is built per epoch (about 0.1 s), seeded from (seed, rank, epoch), with
+the epoch's resolution as a constant, so a schedule decodes straight to the new size and
+an epoch can be replayed exactly. Folder source: the reader gets this rank's file list for
+the epoch from `pipeline.sharding`, already in order. Shard source: DALI's own sharding
+(`shard_id`/`num_shards`, `pad_last_batch`, padding dropped by the iterator), rotated by one
+shard per epoch in training. Resuming at batch b runs the first b batches again and drops
+them: DALI's random crops advance per-position generators, so skipping samples instead
+would change every later augmentation. DALI cannot skip an undecodable sample: the error
+names DALI's message and the dataset.
+"""
+from __future__ import annotations
+
+import torch
+from nvidia.dali import fn, math as dali_math, pipeline_def, types
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+from pipeline.base import Loader
+from pipeline.crops import CENTER_CROP_RATIO, RANDOM_CROP_ATTEMPTS, sample_seed
+from pipeline.datasets import DatasetError, is_converted, read_converted, read_folder
+from pipeline.sharding import batch_count, rank_sample_count, rank_samples
+from pipeline.spec import LoaderSpec
+
+# nvJPEG scratch sizes that avoid re-allocations on ImageNet (as in DALI's ResNet-50 example).
+DEVICE_MEMORY_PADDING, HOST_MEMORY_PADDING = 211_025_920, 140_544_512
+HW_DECODER_LOAD = 0.65
+SHUFFLE_FILL = 1024
+
+
+class DALILoader(Loader):
+    def __init__(self, spec: LoaderSpec):
+        if is_converted(spec.path):
+            self.shards = read_converted(spec.path, spec.split, "webdataset")
+            classes, self.files, self.count = self.shards.classes, None, self.shards.count
+        else:
+            self.shards = None
+            classes, self.files = read_folder(spec.path, spec.split)
+            self.count = len(self.files)
+        self.cuda = spec.device.startswith("cuda")
+        super().__init__(spec, len(classes))
+        self.device_id = (self.device.index if self.device.index is not None else torch.cuda.current_device()) \
+            if self.cuda else None
+
+    def __len__(self) -> int:
+        spec = self.spec
+        samples = rank_sample_count(self.count, spec.rank, spec.world_size, shuffle=spec.train)
+        return batch_count(samples, spec.batch_size, spec.drop_last)
+
+    def _batches(self, epoch: int, start: int):
+        pipe = self._pipeline(epoch)
+        policy = LastBatchPolicy.DROP if self.spec.drop_last else LastBatchPolicy.PARTIAL
+        try:
+            pipe.build()
+            batches = DALIGenericIterator([pipe], ["images", "labels"], reader_name="reader",
+                                          last_batch_policy=policy, auto_reset=False)
+            for index, outputs in enumerate(batches):
+                if index >= len(self):
+                    break
+                if index >= start:
+                    images, labels = outputs[0]["images"], outputs[0]["labels"]
+                    images = self._colout(images.permute(0, 3, 1, 2), index)
+                    yield index, images.to(self.spec.dtype).contiguous(memory_format=torch.channels_last), \
+                        self._to_device_labels(labels)
+        except RuntimeError as error:
+            first_line = _summary(error)
+            raise DatasetError(f"{self.spec.path}: DALI failed while reading the {self.spec.split} split "
+                               f"({first_line})") from None
+        finally:
+            del pipe
+
+    def _pipeline(self, epoch: int):
+        spec = self.spec
+        seed = sample_seed(spec.seed + 7919 * spec.rank, epoch, 0) % (2 ** 31)
+        return _graph(self, epoch, batch_size=spec.batch_size, num_threads=max(1, spec.num_workers),
+                      device_id=self.device_id, seed=seed, prefetch_queue_depth=2)
+
+    def _read(self, epoch: int):
+        """(jpegs, labels) from the reader for this rank and epoch."""
+        spec = self.spec
+        if self.files is not None:
+            ids = rank_samples(self.count, epoch, spec.seed, spec.rank, spec.world_size, shuffle=spec.train)
+            return fn.readers.file(files=[self.files[i].path for i in ids], labels=[self.files[i].label for i in ids],
+                                   random_shuffle=False, pad_last_batch=True, name="reader")
+        shard_id = (spec.rank + epoch) % spec.world_size if spec.train else spec.rank
+        return fn.readers.webdataset(
+            paths=[str(shard.tar) for shard in self.shards.shards],
+            index_paths=[str(shard.index) for shard in self.shards.shards],
+            ext=["jpg", "lbl"], dtypes=[types.UINT8, types.INT32], missing_component_behavior="error",
+            shard_id=shard_id, num_shards=spec.world_size, stick_to_shard=True, pad_last_batch=True,
+            random_shuffle=spec.train, initial_fill=SHUFFLE_FILL, name="reader")
+
+
+@pipeline_def
+def _graph(loader: DALILoader, epoch: int):
+    spec = loader.spec
+    side = spec.resolution_at(epoch)
+    jpegs, labels = loader._read(epoch)
+    decode_options = dict(device="mixed", hw_decoder_load=HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
+                          host_memory_padding=HOST_MEMORY_PADDING) if loader.cuda else dict(device="cpu")
+    if spec.train:
+        images = fn.decoders.image_random_crop(jpegs, output_type=types.RGB, random_area=list(spec.scale),
+                                               random_aspect_ratio=list(spec.ratio),
+                                               num_attempts=RANDOM_CROP_ATTEMPTS, **decode_options)
+        mirror = fn.random.coin_flip(probability=0.5)
+    else:
+        shape = fn.peek_image_shape(jpegs, dtype=types.FLOAT)   # (H, W, C)
+        height, width = shape[0], shape[1]
+        crop = dali_math.floor(dali_math.min(height, width) * CENTER_CROP_RATIO)
+        anchor = fn.stack(dali_math.floor((height - crop) * 0.5), dali_math.floor((width - crop) * 0.5))
+        images = fn.decoders.image_slice(jpegs, anchor, fn.stack(crop, crop), axis_names="HW", output_type=types.RGB,
+                                         normalized_anchor=False, normalized_shape=False, **decode_options)
+        mirror = 0
+    images = fn.resize(images, resize_x=side, resize_y=side, interp_type=types.INTERP_LINEAR, antialias=True)
+    images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16 if spec.dtype == torch.float16 else types.FLOAT,
+                                      output_layout="HWC", mean=[255 * m for m in spec.mean],
+                                      std=[255 * s for s in spec.std], mirror=mirror)
+    return images, (labels.gpu() if loader.cuda else labels)
+
+
+def _summary(error: Exception) -> str:
+    """DALI's error text without its stack of C++ frames: the lines that say what went wrong."""
+    lines = [line.strip() for line in str(error).splitlines()
+             if line.strip() and not line.strip().startswith(("[/", "Stacktrace", "C++ context", "Current pipeline"))
+             and not line.strip()[0].isdigit()]
+    return " ".join(lines)[:400] or repr(error)

@@ -1,0 +1,155 @@
+"""The `ffcv` backend: the real `ffcv.loader.Loader` on a `.beton` written by tools/convert_ffcv.py.
+
+What we add to FFCV, and why:
+- `SeededRandomResizedCrop`, a decoder that draws each sample's crop and flip from a seed
+  of (seed, epoch, sample id). FFCV's own RandomResizedCrop and flip draw from numba's
+  per-thread global RNG, which nothing seeds: their augmentations differ on every run and
+  a resumed epoch could not repeat them. The epoch reaches the compiled code through a
+  one-element array that the numba code reads by address at run time (globals and closure
+  values are frozen into numba code when it compiles, and recompiling costs ~5 s).
+- Our traversal order (`pipeline.sharding`) in place of FFCV's: its `distributed=True`
+  pads like DistributedSampler, so a val epoch would count some samples twice. The order
+  is set on the loader object after construction because Loader(order=<TraversalOrder
+  subclass>) is rejected by an `isinstance` check in FFCV 1.0.2.
+- Normalization after the batch leaves FFCV: it writes a new tensor, so FFCV's reused
+  output buffers never reach the caller (and it avoids the CPU NormalizeImage hang, NOTES).
+The scheduled resolution is set on the decoder at `set_epoch` (`output_size`), which FFCV
+applies at the next epoch without recompiling. ColOut acts on the uint8 batch.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from ffcv.fields.basics import IntDecoder
+from ffcv.fields.rgb_image import IMAGE_MODES, CenterCropRGBImageDecoder, ResizedCropRGBImageDecoder
+from ffcv.libffcv import imdecode, resize_crop
+from ffcv.loader import Loader as FFCVBaseLoader, OrderOption
+from ffcv.pipeline.compiler import Compiler
+from ffcv.reader import Reader
+from ffcv.transforms import ToDevice, ToTensor, ToTorchImage
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from pipeline.base import Loader
+from pipeline.crops import CENTER_CROP_RATIO, UNIFORMS_PER_SAMPLE, random_resized_crop, sample_seed
+from pipeline.datasets import DatasetError, read_converted
+from pipeline.sharding import batch_count, rank_samples
+from pipeline.spec import LoaderSpec
+
+
+@intrinsic
+def _read_int64(typing_context, address):
+    """Load an int64 from a raw address inside numba code: a value that can change after compiling."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.load(builder.inttoptr(args[0], ir.IntType(64).as_pointer()))
+    return types.int64(address), codegen
+
+
+class SeededRandomResizedCrop(ResizedCropRGBImageDecoder):
+    """RandomResizedCrop + horizontal flip, decided per sample from (seed, epoch, sample id)."""
+
+    def __init__(self, output_size, scale, ratio, seed: int):
+        super().__init__(output_size)
+        self.scale, self.ratio, self.seed = scale, ratio, seed
+        self.epoch = np.zeros(1, dtype=np.int64)   # read by the compiled code; keep it alive here
+
+    def get_crop_generator(self):   # abstract in FFCV; generate_code below does the cropping
+        return random_resized_crop
+
+    def generate_code(self):
+        jpg, memory_read, parallel_range = IMAGE_MODES["jpg"], self.memory_read, Compiler.get_iterator()
+        decode_jpeg, crop_and_resize = Compiler.compile(imdecode), Compiler.compile(resize_crop)
+        crop_box, seed_of = Compiler.compile(random_resized_crop), Compiler.compile(sample_seed)
+        epoch_address, seed = self.epoch.ctypes.data, self.seed
+        scale_lo, scale_hi = self.scale
+        log_ratio_lo, log_ratio_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+
+        def decode(batch_indices, storage, metadata, storage_state):
+            destination, scratch = storage
+            epoch = _read_int64(epoch_address)
+            for slot in parallel_range(len(batch_indices)):
+                sample_id = batch_indices[slot]
+                np.random.seed(seed_of(seed, epoch, sample_id))
+                uniforms = np.random.random(UNIFORMS_PER_SAMPLE)
+                field = metadata[sample_id]
+                data = memory_read(field["data_ptr"], storage_state)
+                height, width = np.uint32(field["height"]), np.uint32(field["width"])
+                if field["mode"] == jpg:
+                    pixels = scratch[slot]
+                    decode_jpeg(data, pixels, height, width, height, width, 0, 0, 1, 1, False, False)
+                    pixels = pixels.reshape(-1)[:3 * height * width].reshape(height, width, 3)
+                else:
+                    pixels = data.reshape(height, width, 3)
+                top, left, crop_height, crop_width = crop_box(height, width, scale_lo, scale_hi,
+                                                              log_ratio_lo, log_ratio_hi, uniforms)
+                crop_and_resize(pixels, top, top + crop_height, left, left + crop_width, destination[slot])
+                if uniforms[UNIFORMS_PER_SAMPLE - 1] < 0.5:
+                    destination[slot] = destination[slot][:, ::-1].copy()
+            return destination[:len(batch_indices)]
+
+        decode.is_parallel = True
+        return decode
+
+
+class _FixedOrder:
+    """Stands in for FFCV's TraversalOrder: the sample ids the loader set for the next epoch."""
+
+    def __init__(self):
+        self.order = np.zeros(0, dtype=np.uint64)
+
+    def sample_order(self, epoch: int) -> np.ndarray:
+        return self.order
+
+
+class FFCVLoader(Loader):
+    def __init__(self, spec: LoaderSpec):
+        data = read_converted(spec.path, spec.split, "ffcv")
+        beton = data.files[0]
+        try:
+            fields = Reader(str(beton)).handlers
+        except Exception as error:  # FFCV raises assorted errors on a file that is not a .beton
+            raise DatasetError(f"{beton}: not a readable FFCV .beton ({error!r}); run tools/convert_ffcv.py again") \
+                from None
+        if set(fields) != {"image", "label"}:
+            raise DatasetError(f"{beton}: fields {sorted(fields)}, expected image and label (tools/convert_ffcv.py)")
+        self.count = data.count
+        side = spec.resolution_at(0)
+        if spec.train:
+            self.decoder = SeededRandomResizedCrop((side, side), spec.scale, spec.ratio, spec.seed)
+        else:
+            self.decoder = CenterCropRGBImageDecoder((side, side), ratio=CENTER_CROP_RATIO)
+        to_device = [ToDevice(torch.device(spec.device), non_blocking=True)] if spec.device.startswith("cuda") else []
+        self.order = _FixedOrder()
+        self._ids = np.zeros(0, dtype=np.int64)
+        super().__init__(spec, len(data.classes))
+        self.ffcv = FFCVBaseLoader(
+            str(beton), batch_size=spec.batch_size, num_workers=max(1, spec.num_workers), os_cache=True,
+            order=OrderOption.SEQUENTIAL, drop_last=False,
+            pipelines={"image": [self.decoder, ToTensor(), ToTorchImage(channels_last=True), *to_device],
+                       "label": [IntDecoder(), ToTensor(), *to_device]})
+        self.ffcv.traversal_order = self.order
+
+    def _prepare_epoch(self, epoch: int) -> None:
+        spec = self.spec
+        ids = rank_samples(self.count, epoch, spec.seed, spec.rank, spec.world_size, shuffle=spec.train)
+        self._ids = ids[:len(ids) // spec.batch_size * spec.batch_size] if spec.drop_last else ids
+        self.decoder.output_size = (self.side, self.side)
+        if spec.train:
+            self.decoder.epoch[0] = epoch
+
+    def __len__(self) -> int:
+        return batch_count(len(self._ids), self.spec.batch_size, drop_last=False)
+
+    def _batches(self, epoch: int, start: int):
+        self.order.order = self._ids[start * self.spec.batch_size:].astype(np.uint64)
+        self.ffcv.first_traversal_order = self.order.order   # what FFCV's len() counts
+        self.ffcv.next_epoch = epoch
+        for index, (images, labels) in enumerate(self.ffcv, start):
+            images = self._colout(images, index)
+            yield index, self._to_model_input(images), labels.to(self.device, torch.int64, copy=True).view(-1)

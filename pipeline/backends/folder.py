@@ -1,0 +1,85 @@
+"""The `folder` backend: the loader a user writes first, and the 1.0x of every comparison.
+
+An ImageFolder-style dataset on the raw files, decoded with PIL (stock semantics: full
+decode, no DCT scaling), through a torch DataLoader with workers and pinned memory. The
+sampler follows `pipeline.sharding` (a DistributedSampler without the padding) and hands
+each worker a whole batch at a time, keyed by (epoch, side, sample ids): persistent workers
+learn the epoch and the scheduled resolution from the key itself.
+"""
+from __future__ import annotations
+
+from torch.utils.data import Dataset
+
+from pipeline.base import Loader
+from pipeline.datasets import read_folder
+from pipeline.worker_decode import CorruptSample, collate, load_sample, torch_dataloader
+from pipeline.sharding import batch_count, rank_samples
+from pipeline.spec import LoaderSpec
+
+
+class FolderBatches(Dataset):
+    """Map-style: a batch key (epoch, side, sample ids) -> a collated uint8 batch."""
+
+    def __init__(self, samples, spec: LoaderSpec, draft: bool = False):
+        self.paths = [sample.path for sample in samples]
+        self.labels = [sample.label for sample in samples]
+        self.spec, self.draft = spec, draft
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, key):
+        epoch, side, ids = key
+        images = [self._load(int(i), epoch, side) for i in ids]
+        return collate(images, [self.labels[i] for i in ids])
+
+    def _load(self, sample_id: int, epoch: int, side: int):
+        spec = self.spec
+        try:
+            return load_sample(self.paths[sample_id], name=self.paths[sample_id], sample_id=sample_id,
+                               train=spec.train, side=side, scale=spec.scale, ratio=spec.ratio, seed=spec.seed,
+                               epoch=epoch, colout=spec.colout, draft=self.draft)
+        except CorruptSample:
+            if spec.on_corrupt == "raise":
+                raise
+            return None
+
+
+class FolderLoader(Loader):
+    def __init__(self, spec: LoaderSpec):
+        classes, samples = read_folder(spec.path, spec.split)
+        self.dataset = FolderBatches(samples, spec)
+        self._keys: list = []
+        self._start = 0
+        super().__init__(spec, len(classes))
+        self.dataloader = torch_dataloader(self.dataset, spec, sampler=_RemainingKeys(self))
+
+    def _prepare_epoch(self, epoch: int) -> None:
+        spec = self.spec
+        ids = rank_samples(len(self.dataset), epoch, spec.seed, spec.rank, spec.world_size, shuffle=spec.train)
+        batches = batch_count(len(ids), spec.batch_size, spec.drop_last)
+        self._keys = [(epoch, self.side, ids[b * spec.batch_size:(b + 1) * spec.batch_size])
+                      for b in range(batches)]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def _batches(self, epoch: int, start: int):
+        self._start = start
+        for index, (images, labels, skipped) in enumerate(self.dataloader, start):
+            self._count_corrupt(skipped)
+            if len(labels):
+                yield index, self._to_model_input(images), self._to_device_labels(labels)
+
+
+class _RemainingKeys:
+    """The sampler: this epoch's batch keys from the resume point on, read when iteration starts."""
+
+    def __init__(self, loader: FolderLoader):
+        self.loader = loader
+
+    def __iter__(self):
+        return iter(self.loader._keys[self.loader._start:])
+
+    def __len__(self) -> int:
+        return len(self.loader._keys) - self.loader._start

@@ -1,0 +1,174 @@
+"""The `webdataset` backend: tar shards streamed by the `webdataset` package in DataLoader
+workers, JPEGs decoded with PIL (Pillow-SIMD) in draft mode where the crop allows.
+
+How an epoch is cut up, so that it is exact and resumable while still streaming:
+- the split's shards are concatenated in an order drawn from (seed, epoch), and the
+  stream is rotated by a random offset, so ranks see other samples every epoch; val keeps
+  the stored order;
+- each rank takes a contiguous range of that stream (train: `n // world_size` samples each;
+  val: every sample exactly once, as `pipeline.sharding` says), cut into batches;
+- worker k of K makes the rank's batches k, k+K, ...: it seeks to each batch's samples
+  through the shard's `.idx` offsets, shuffles its samples with a buffer (train), and
+  decodes them; the DataLoader's round-robin returns the batches in order;
+- resuming at batch b: each worker passes over the samples of its batches before b
+  without decoding them.
+Only the `.jpg` and `.lbl` members are read, and nothing is ever unpickled.
+"""
+from __future__ import annotations
+
+import bisect
+import multiprocessing
+import random
+import tarfile
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+from webdataset.filters import _shuffle as shuffle_samples
+from webdataset.tariterators import group_by_keys, tar_file_iterator
+
+from pipeline.base import Loader
+from pipeline.datasets import ConvertedSplit, DatasetError, Shard, read_converted
+from pipeline.sharding import batch_count, rank_sample_count
+from pipeline.spec import LoaderSpec
+from pipeline.worker_decode import CorruptSample, collate, load_sample, torch_dataloader
+
+IMAGE_KEY, LABEL_KEY = "jpg", "lbl"
+SHUFFLE_BUFFER = 1000
+TAR_HEADER = 512
+
+
+def stream_pieces(counts: list[int], lo: int, hi: int, epoch: int, seed: int,
+                  shuffle: bool) -> list[tuple[int, int, int]]:
+    """(shard, begin, end) pieces holding the epoch stream's positions [lo, hi)."""
+    total = sum(counts)
+    rng = np.random.default_rng((seed, epoch, 1))
+    order = rng.permutation(len(counts)) if shuffle else np.arange(len(counts))
+    rotation = int(rng.integers(total)) if shuffle else 0
+    starts = np.concatenate([[0], np.cumsum([counts[s] for s in order])])
+    pieces = []
+    position = lo
+    while position < hi:
+        stored = (position + rotation) % total
+        slot = bisect.bisect_right(starts, stored) - 1
+        begin = stored - starts[slot]
+        length = min(hi - position, counts[order[slot]] - begin)
+        pieces.append((int(order[slot]), int(begin), int(begin + length)))
+        position += length
+    return pieces
+
+
+class ShardBatches(IterableDataset):
+    """Yields this worker's batches of this rank's part of an epoch, as collated uint8 batches."""
+
+    def __init__(self, data: ConvertedSplit, spec: LoaderSpec):
+        self.shards, self.spec = data.shards, spec
+        self.counts = [shard.count for shard in data.shards]
+        # (epoch, side, first batch): shared memory, so persistent workers see each new epoch.
+        self.control = multiprocessing.Array("q", 3, lock=False)
+        self.offsets = [_sample_offsets(shard) for shard in data.shards]
+
+    def rank_range(self) -> tuple[int, int]:
+        spec, total = self.spec, sum(self.counts)
+        if spec.train:
+            per_rank = total // spec.world_size
+            return spec.rank * per_rank, (spec.rank + 1) * per_rank
+        return total * spec.rank // spec.world_size, total * (spec.rank + 1) // spec.world_size
+
+    def __len__(self) -> int:
+        spec = self.spec
+        samples = rank_sample_count(sum(self.counts), spec.rank, spec.world_size, shuffle=spec.train)
+        return batch_count(samples, spec.batch_size, spec.drop_last)
+
+    def __iter__(self):
+        worker = get_worker_info()
+        worker_id, workers = (worker.id, worker.num_workers) if worker else (0, 1)
+        epoch, side, start = self.control
+        spec, batch_size = self.spec, self.spec.batch_size
+        lo, hi = self.rank_range()
+        mine = range(worker_id, len(self), workers)
+        samples = (sample for batch in mine
+                   for sample in self._read(lo + batch * batch_size, min(lo + (batch + 1) * batch_size, hi), epoch))
+        if spec.train:
+            rng = random.Random(hash((spec.seed, epoch, spec.rank, worker_id)))
+            samples = shuffle_samples(samples, bufsize=SHUFFLE_BUFFER, initial=SHUFFLE_BUFFER, rng=rng)
+        for batch in mine:
+            chunk = [next(samples) for _ in range(min(batch_size, hi - lo - batch * batch_size))]
+            if batch < start:
+                continue
+            images = [self._decode(sample, epoch, side) for sample in chunk]
+            yield batch, collate(images, [label for _, _, label, _ in chunk])
+
+    def _read(self, lo: int, hi: int, epoch: int):
+        """(sample id, jpeg bytes, label, name) for the epoch stream's positions [lo, hi)."""
+        for shard_index, begin, end in stream_pieces(self.counts, lo, hi, epoch, self.spec.seed, self.spec.train):
+            shard = self.shards[shard_index]
+            try:
+                yield from self._read_piece(shard, shard_index, begin, end)
+            except (tarfile.TarError, OSError, KeyError, ValueError) as error:
+                raise DatasetError(f"{shard.tar}: damaged shard ({error!r}); run tools/convert_wds.py again") from None
+
+    def _read_piece(self, shard: Shard, shard_index: int, begin: int, end: int):
+        with open(shard.tar, "rb") as stream:
+            stream.seek(self.offsets[shard_index][begin])
+            url = str(shard.tar)
+            members = (dict(member, __url__=url) for member in tar_file_iterator(stream, select_files=_wanted_member))
+            for number, sample in enumerate(group_by_keys(members)):
+                label = int.from_bytes(sample[LABEL_KEY], "little", signed=True)
+                yield shard.first_sample + begin + number, sample[IMAGE_KEY], label, f"{shard.tar}:{sample['__key__']}"
+                if number + 1 == end - begin:
+                    return
+        raise ValueError(f"ended before sample {end} of {shard.count}")
+
+    def _decode(self, sample, epoch: int, side: int):
+        sample_id, jpeg, _, name = sample
+        spec = self.spec
+        try:
+            return load_sample(jpeg, name=name, sample_id=sample_id, train=spec.train, side=side, scale=spec.scale,
+                               ratio=spec.ratio, seed=spec.seed, epoch=epoch, colout=spec.colout, draft=True)
+        except CorruptSample:
+            if spec.on_corrupt == "raise":
+                raise
+            return None
+
+
+def _sample_offsets(shard: Shard) -> list[int]:
+    """Where each sample's first tar header starts, from the DALI-style `.idx` file; checks
+    that the tar is long enough for every member the index lists."""
+    offsets, end = [], 0
+    try:
+        for line in shard.index.read_text().splitlines()[1:]:
+            fields = line.split()   # per member: extension, data offset, size, file name
+            starts, sizes = [int(value) for value in fields[1::4]], [int(value) for value in fields[2::4]]
+            offsets.append(min(starts) - TAR_HEADER)
+            end = max(end, *(start + size for start, size in zip(starts, sizes)))
+    except (OSError, ValueError) as error:
+        raise DatasetError(f"{shard.index}: unreadable index ({error}); run tools/convert_wds.py again") from None
+    if len(offsets) != shard.count:
+        raise DatasetError(f"{shard.index}: {len(offsets)} samples where the manifest says {shard.count}; "
+                           f"run tools/convert_wds.py again")
+    size = shard.tar.stat().st_size
+    if size < end:
+        raise DatasetError(f"{shard.tar}: {size} bytes, its index needs {end}: truncated; run tools/convert_wds.py again")
+    return offsets
+
+
+def _wanted_member(name: str) -> bool:
+    return name.endswith((f".{IMAGE_KEY}", f".{LABEL_KEY}"))
+
+
+class WebDatasetLoader(Loader):
+    def __init__(self, spec: LoaderSpec):
+        data = read_converted(spec.path, spec.split, "webdataset")
+        self.dataset = ShardBatches(data, spec)
+        super().__init__(spec, len(data.classes))
+        self.dataloader = torch_dataloader(self.dataset, spec)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _batches(self, epoch: int, start: int):
+        self.dataset.control[:] = [epoch, self.side, start]
+        for index, (images, labels, skipped) in self.dataloader:
+            self._count_corrupt(skipped)
+            if len(labels):
+                yield index, self._to_model_input(images), self._to_device_labels(labels)

@@ -1,0 +1,112 @@
+"""What every loader backend shares: epoch and position bookkeeping, exact mid-epoch resume,
+the corrupt-sample count, and the last step of every CPU pipeline (uint8 batch -> device,
+normalized, channels_last).
+
+A backend subclasses `Loader` and supplies `__len__`, `_batches(epoch, start)` (the
+`(batch_index, images, labels)` of an epoch from batch `start` on; a batch whose samples
+were all undecodable is left out, its index still counts) and optionally `_prepare_epoch(epoch)`. The base class
+turns that into the public interface: `set_epoch`, `resolution`, iteration, and
+`state_dict`/`load_state_dict`, where a state saved after k batches makes the next
+iteration yield batches k+1... of the same epoch, as the uninterrupted run would have.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from pipeline.colout import colout_batch, kept_size
+from pipeline.crops import sample_seed
+from pipeline.spec import LoaderSpec
+
+log = logging.getLogger("pipeline")
+
+
+class Loader:
+    def __init__(self, spec: LoaderSpec, num_classes: int):
+        self.spec = spec
+        self.num_classes = num_classes
+        self.epoch = 0
+        self.position = 0                 # batches yielded so far in this epoch
+        self._resume_from = 0
+        self.corrupt_in_epoch = 0         # samples skipped as undecodable, this epoch
+        self.corrupt_total = 0
+        self.device = torch.device(spec.device)
+        scale = 255 * torch.tensor(spec.std, device=self.device).view(1, 3, 1, 1)
+        self._mean = 255 * torch.tensor(spec.mean, device=self.device).view(1, 3, 1, 1)
+        self._inv_std = 1 / scale
+        self._prepare_epoch(0)
+
+    # --- what backends supply -------------------------------------------------------
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _batches(self, epoch: int, start: int):
+        raise NotImplementedError
+
+    def _prepare_epoch(self, epoch: int) -> None:
+        pass
+
+    # --- the interface ----------------------------------------------------------------
+    @property
+    def side(self) -> int:
+        """The square side this epoch's images are cropped to, before ColOut."""
+        return self.spec.resolution_at(self.epoch)
+
+    @property
+    def resolution(self) -> tuple[int, int]:
+        if self.spec.colout and self.spec.train:
+            return kept_size(self.side, self.side, *self.spec.colout)
+        return self.side, self.side
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.position, self._resume_from = epoch, 0, 0
+        self._prepare_epoch(epoch)
+
+    def __iter__(self):
+        start, self._resume_from = self._resume_from, 0
+        self.position, self.corrupt_in_epoch = start, 0
+        for index, images, labels in self._batches(self.epoch, start):
+            self.position = index + 1
+            yield images, labels
+        if self.corrupt_in_epoch:
+            log.warning("%s loader, %s split, epoch %d: skipped %d undecodable samples (%d so far)",
+                        self.spec.backend, self.spec.split, self.epoch, self.corrupt_in_epoch, self.corrupt_total)
+
+    def state_dict(self) -> dict:
+        return {"backend": self.spec.backend, "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("backend", self.spec.backend) != self.spec.backend:
+            raise ValueError(f"loader state is from backend {state['backend']!r}, this loader is {self.spec.backend!r}")
+        self.set_epoch(state["epoch"])
+        self._resume_from = self.position = state["position"]
+
+    # --- helpers for backends -----------------------------------------------------------
+    def _count_corrupt(self, count: int) -> None:
+        self.corrupt_in_epoch += count
+        self.corrupt_total += count
+
+    def _batch_generator(self, batch_index: int) -> torch.Generator:
+        """A generator for batch-level randomness, the same for a batch however it was reached."""
+        seed = sample_seed(self.spec.seed + 7919 * self.spec.rank, self.epoch, batch_index)
+        return torch.Generator().manual_seed(seed)
+
+    def _colout(self, images: torch.Tensor, batch_index: int) -> torch.Tensor:
+        """Batch-form ColOut for backends whose samples never pass through Python (FFCV, DALI)."""
+        if not (self.spec.colout and self.spec.train):
+            return images
+        return colout_batch(images, *self.spec.colout, generator=self._batch_generator(batch_index))
+
+    def _to_model_input(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (N, 3, H, W) on the host, any memory layout -> normalized, channels_last, on the device.
+
+        Normalizing after the copy moves a quarter of the bytes a float batch would, and
+        yields a new tensor, so a backend's reused output buffers never leak to the caller.
+        """
+        images = images.to(self.device, non_blocking=True)
+        images = (images.float() - self._mean).mul_(self._inv_std)
+        return images.to(self.spec.dtype).contiguous(memory_format=torch.channels_last)
+
+    def _to_device_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return labels.to(self.device, torch.int64, non_blocking=True).view(-1)

@@ -1,0 +1,103 @@
+"""What a loader reads: a converter's output (manifest + files) or an ImageNet-layout folder.
+
+Each function checks what it can before any worker starts and fails with a one-line
+`DatasetError` naming the path and what to do, so a typo or a half-copied dataset never
+surfaces as a hang or a traceback from inside FFCV, DALI or a DataLoader worker.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.imagefolder import LayoutError, Sample, find_classes, scan_split
+
+MANIFEST = "manifest.json"
+CONVERTERS = {"ffcv": "tools/convert_ffcv.py", "webdataset": "tools/convert_wds.py"}
+
+
+class DatasetError(ValueError):
+    """The data a loader was pointed at is missing, incomplete or of the wrong kind."""
+
+
+@dataclass
+class Shard:
+    tar: Path
+    index: Path
+    count: int
+    first_sample: int          # id of its first sample in the split's stored order
+
+
+@dataclass
+class ConvertedSplit:
+    root: Path
+    format: str
+    split: str
+    classes: list[str]
+    count: int
+    files: list[Path]
+    shards: list[Shard] = field(default_factory=list)   # webdataset only
+
+
+def is_converted(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def read_converted(path: str | Path, split: str, expected_format: str) -> ConvertedSplit:
+    """The manifest's view of one converted split, with its files checked to be whole."""
+    root = Path(path)
+    converter = CONVERTERS[expected_format]
+    if not root.is_dir():
+        raise DatasetError(f"{root}: no such directory; convert a dataset there with {converter} SRC {root}")
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise DatasetError(f"{manifest_path}: missing, so {root} is not a finished conversion; "
+                           f"run {converter} SRC {root}")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        kind, classes, splits = manifest["format"], manifest["classes"], manifest["splits"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise DatasetError(f"{manifest_path}: not a converter manifest ({error!r}); run {converter} again") from None
+    if kind != expected_format:
+        raise DatasetError(f"{root} holds a {kind} conversion, not {expected_format}; "
+                           f"use backend {kind!r} or run {converter}")
+    if split not in splits:
+        raise DatasetError(f"{root}: split {split!r} was not converted (have: {', '.join(splits) or 'none'}); "
+                           f"run {converter} SRC {root} --splits {split}")
+    record = splits[split]
+    shards, first = [], 0
+    for shard in record.get("shards", []):
+        directory = root / split
+        shards.append(Shard(directory / shard["tar"], directory / shard["index"], shard["count"], first))
+        first += shard["count"]
+    files = [root / name for name in record["files"]]
+    for file in files:
+        if not file.is_file():
+            raise DatasetError(f"{file}: missing (listed in {manifest_path}); run {converter} again")
+    if "bytes" in record and not shards:
+        _check_size(files[0], record["bytes"], converter)
+    return ConvertedSplit(root, kind, split, classes, record["count"], files, shards)
+
+
+def _check_size(file: Path, expected: int, converter: str) -> None:
+    size = file.stat().st_size if file.exists() else None
+    if size != expected:
+        raise DatasetError(f"{file}: {size if size is not None else 'missing'} bytes where the manifest says "
+                           f"{expected}: truncated or changed; run {converter} again")
+
+
+def read_folder(path: str | Path, split: str) -> tuple[list[str], list[Sample]]:
+    """Classes and samples of ROOT/<split>/<class>/<image>; labels as the converters assign them."""
+    root = Path(path)
+    if is_converted(root):
+        raise DatasetError(f"{root} is a converted dataset, not an ImageNet-layout folder; "
+                           f"point this backend at the folder the converter read")
+    try:
+        splits = [name for name in ("train", "val") if (root / name).is_dir()] or [split]
+        classes = find_classes(root, sorted(set(splits) | {split}))
+        samples, _ = scan_split(root, split, classes)
+    except LayoutError as error:
+        raise DatasetError(str(error)) from None
+    if not samples:
+        raise DatasetError(f"{root / split}: no image files in its class folders")
+    return classes, samples

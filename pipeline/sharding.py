@@ -1,0 +1,32 @@
+"""Which samples a rank reads in an epoch, and in which order: the one sharding rule.
+
+Train: a permutation of all samples drawn from (seed, epoch); rank r takes every
+world_size-th sample of it starting at r, and every rank takes the same number,
+`n // world_size`, so no sample is read twice in an epoch and DDP ranks stay in step (the
+at most world_size - 1 left over differ from epoch to epoch). Val: no shuffle, rank r takes
+the contiguous range [n*r//W, n*(r+1)//W), so every sample is read exactly once over all
+ranks; ranks may differ by one sample. Batches are consecutive slices of a rank's list.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def rank_samples(count: int, epoch: int, seed: int, rank: int, world_size: int, shuffle: bool) -> np.ndarray:
+    """Sample ids (into the stored order) this rank reads in this epoch, in reading order."""
+    if shuffle:
+        order = np.random.default_rng((seed, epoch)).permutation(count)
+        return order[rank::world_size][:count // world_size]
+    return np.arange(count * rank // world_size, count * (rank + 1) // world_size)
+
+
+def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
+    return samples // batch_size if drop_last else math.ceil(samples / batch_size)
+
+
+def rank_sample_count(count: int, rank: int, world_size: int, shuffle: bool) -> int:
+    if shuffle:
+        return count // world_size
+    return count * (rank + 1) // world_size - count * rank // world_size

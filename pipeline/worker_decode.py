@@ -1,0 +1,102 @@
+"""What the DataLoader-worker backends (folder, webdataset) share: decode + crop + resize +
+flip of one sample with PIL (Pillow-SIMD here), collation into a uint8 batch, and the
+DataLoader that runs it.
+
+`draft=True` lets libjpeg decode at 1/2, 1/4 or 1/8 scale (DCT scaling) when the crop
+is still at least the target size after it, so the decoder does less work and the resize
+sees no fewer pixels than it outputs. The `folder` backend keeps it off (stock semantics);
+`webdataset` turns it on.
+"""
+from __future__ import annotations
+
+import io
+import math
+import os
+import weakref
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from pipeline.colout import colout_sample
+from pipeline.crops import center_crop, sample_uniforms, train_crop
+from pipeline.spec import LoaderSpec
+
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+class CorruptSample(RuntimeError):
+    """A stored sample that cannot be decoded; the message names it."""
+
+
+def draft_reduction(crop_height: int, crop_width: int, side: int) -> int:
+    """The largest DCT scale denominator (1, 2, 4, 8) that keeps the crop at least `side` pixels."""
+    reduction = 1
+    while reduction < 8 and min(crop_height, crop_width) >= 2 * reduction * side:
+        reduction *= 2
+    return reduction
+
+
+def load_sample(source, *, name: str, sample_id: int, train: bool, side: int, scale, ratio, seed: int,
+                epoch: int, colout, draft: bool) -> np.ndarray:
+    """(side', side', 3) uint8: one stored image (a path or JPEG bytes), augmented as the spec says."""
+    try:
+        image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+        width, height = image.size
+        uniforms = sample_uniforms(seed, epoch, sample_id)
+        if train:
+            (top, left, crop_height, crop_width), flip = train_crop(height, width, scale, ratio, uniforms)
+        else:
+            (top, left, crop_height, crop_width), flip = center_crop(height, width), False
+        if draft and image.format == "JPEG":
+            reduction = draft_reduction(crop_height, crop_width, side)
+            if reduction > 1:
+                image.draft("RGB", (math.ceil(width / reduction), math.ceil(height / reduction)))
+        x_scale, y_scale = image.size[0] / width, image.size[1] / height
+        box = (left * x_scale, top * y_scale, (left + crop_width) * x_scale, (top + crop_height) * y_scale)
+        image = image.convert("RGB").resize((side, side), Image.BILINEAR, box=box)
+        if flip:
+            image = image.transpose(Image.FLIP_LEFT_RIGHT)
+        pixels = np.asarray(image)
+    except DECODE_ERRORS as error:
+        raise CorruptSample(f"{name}: cannot decode ({error})") from None
+    if colout and train:
+        pixels = colout_sample(pixels, *colout, np.random.default_rng(uniforms[:2].view(np.uint64)))
+    return pixels
+
+
+def collate(images: list, labels: list) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Decoded samples (None where one was skipped) -> uint8 (N, 3, H, W) view of NHWC, int64 labels, skips."""
+    kept = [(image, label) for image, label in zip(images, labels) if image is not None]
+    skipped = len(images) - len(kept)
+    if not kept:
+        return torch.empty(0, 3, 1, 1, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), skipped
+    batch = torch.from_numpy(np.stack([image for image, _ in kept])).permute(0, 3, 1, 2)
+    return batch, torch.tensor([label for _, label in kept], dtype=torch.int64), skipped
+
+
+_LIVE_DATALOADERS: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
+
+
+def _disown_inherited_workers() -> None:
+    # A forked worker inherits the parent's other DataLoaders, and with persistent workers
+    # their live iterators; without this, each one's __del__ tries to stop processes that
+    # are not its children when the worker exits ("AssertionError: can only test a child
+    # process", seen whenever a train and a val loader are alive together).
+    for dataloader in list(_LIVE_DATALOADERS):
+        iterator = getattr(dataloader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown = True
+
+
+os.register_at_fork(after_in_child=_disown_inherited_workers)
+
+
+def torch_dataloader(dataset, spec: LoaderSpec, **kwargs) -> DataLoader:
+    """A DataLoader whose items are whole uint8 batches made in the workers."""
+    workers = spec.num_workers
+    dataloader = DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=spec.device.startswith("cuda"),
+                            persistent_workers=workers > 0, prefetch_factor=4 if workers else None, **kwargs)
+    _LIVE_DATALOADERS.add(dataloader)
+    return dataloader
