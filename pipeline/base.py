@@ -17,6 +17,7 @@ import torch
 
 from pipeline.colout import colout_batch, kept_size
 from pipeline.crops import sample_seed
+from pipeline.datasets import CorruptSample
 from pipeline.spec import LoaderSpec
 
 log = logging.getLogger("pipeline")
@@ -83,9 +84,12 @@ class Loader:
         self._resume_from = self.position = state["position"]
 
     # --- helpers for backends -----------------------------------------------------------
-    def _count_corrupt(self, count: int) -> None:
-        self.corrupt_in_epoch += count
-        self.corrupt_total += count
+    def _undecodable(self, errors: list[str]) -> None:
+        """Samples of a batch that failed to decode: raise the first, or count them, as the spec says."""
+        if errors and self.spec.on_corrupt == "raise":
+            raise CorruptSample(f"{errors[0]} (on_corrupt='skip' skips and counts such samples)")
+        self.corrupt_in_epoch += len(errors)
+        self.corrupt_total += len(errors)
 
     def _batch_generator(self, batch_index: int) -> torch.Generator:
         """A generator for batch-level randomness, the same for a batch however it was reached."""

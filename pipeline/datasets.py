@@ -13,11 +13,16 @@ from pathlib import Path
 from pipeline.imagefolder import LayoutError, Sample, find_classes, scan_split
 
 MANIFEST = "manifest.json"
+TAR_HEADER = 512
 CONVERTERS = {"ffcv": "tools/convert_ffcv.py", "webdataset": "tools/convert_wds.py"}
 
 
 class DatasetError(ValueError):
     """The data a loader was pointed at is missing, incomplete or of the wrong kind."""
+
+
+class CorruptSample(DatasetError):
+    """A stored sample that cannot be decoded; the message names it."""
 
 
 @dataclass
@@ -26,6 +31,7 @@ class Shard:
     index: Path
     count: int
     first_sample: int          # id of its first sample in the split's stored order
+    offsets: list[int] = field(default_factory=list)   # where each sample's first tar header starts
 
 
 @dataclass
@@ -69,6 +75,7 @@ def read_converted(path: str | Path, split: str, expected_format: str) -> Conver
     for shard in record.get("shards", []):
         directory = root / split
         shards.append(Shard(directory / shard["tar"], directory / shard["index"], shard["count"], first))
+        shards[-1].offsets = _sample_offsets(shards[-1])
         first += shard["count"]
     files = [root / name for name in record["files"]]
     for file in files:
@@ -101,3 +108,24 @@ def read_folder(path: str | Path, split: str) -> tuple[list[str], list[Sample]]:
     if not samples:
         raise DatasetError(f"{root / split}: no image files in its class folders")
     return classes, samples
+
+
+def _sample_offsets(shard: Shard) -> list[int]:
+    """Where each sample's first tar header starts, from the DALI-style `.idx` file; checks
+    that the tar is long enough for every member the index lists."""
+    offsets, end = [], 0
+    try:
+        for line in shard.index.read_text().splitlines()[1:]:
+            fields = line.split()   # per member: extension, data offset, size, file name
+            starts, sizes = [int(value) for value in fields[1::4]], [int(value) for value in fields[2::4]]
+            offsets.append(min(starts) - TAR_HEADER)
+            end = max(end, *(start + size for start, size in zip(starts, sizes)))
+    except (OSError, ValueError) as error:
+        raise DatasetError(f"{shard.index}: unreadable index ({error}); run tools/convert_wds.py again") from None
+    if len(offsets) != shard.count:
+        raise DatasetError(f"{shard.index}: {len(offsets)} samples where the manifest says {shard.count}; "
+                           f"run tools/convert_wds.py again")
+    size = shard.tar.stat().st_size
+    if size < end:
+        raise DatasetError(f"{shard.tar}: {size} bytes, its index needs {end}: truncated; run tools/convert_wds.py again")
+    return offsets

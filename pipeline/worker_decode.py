@@ -21,13 +21,10 @@ from torch.utils.data import DataLoader
 
 from pipeline.colout import colout_sample
 from pipeline.crops import center_crop, sample_uniforms, train_crop
+from pipeline.datasets import CorruptSample
 from pipeline.spec import LoaderSpec
 
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
-
-
-class CorruptSample(RuntimeError):
-    """A stored sample that cannot be decoded; the message names it."""
 
 
 def draft_reduction(crop_height: int, crop_width: int, side: int) -> int:
@@ -66,14 +63,24 @@ def load_sample(source, *, name: str, sample_id: int, train: bool, side: int, sc
     return pixels
 
 
-def collate(images: list, labels: list) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Decoded samples (None where one was skipped) -> uint8 (N, 3, H, W) view of NHWC, int64 labels, skips."""
-    kept = [(image, label) for image, label in zip(images, labels) if image is not None]
-    skipped = len(images) - len(kept)
+def load_or_report(source, **options) -> np.ndarray | str:
+    """load_sample, with an undecodable sample reported as its error message instead of raised:
+    the main process decides (spec.on_corrupt) and its error stays one line, not a worker traceback."""
+    try:
+        return load_sample(source, **options)
+    except CorruptSample as error:
+        return str(error)
+
+
+def collate(images: list, labels: list) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Decoded samples (error messages where one failed) -> uint8 (N, 3, H, W) view of NHWC,
+    int64 labels, and the error messages."""
+    kept = [(image, label) for image, label in zip(images, labels) if not isinstance(image, str)]
+    errors = [image for image in images if isinstance(image, str)]
     if not kept:
-        return torch.empty(0, 3, 1, 1, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), skipped
+        return torch.empty(0, 3, 1, 1, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), errors
     batch = torch.from_numpy(np.stack([image for image, _ in kept])).permute(0, 3, 1, 2)
-    return batch, torch.tensor([label for _, label in kept], dtype=torch.int64), skipped
+    return batch, torch.tensor([label for _, label in kept], dtype=torch.int64), errors
 
 
 _LIVE_DATALOADERS: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()

@@ -2,6 +2,7 @@
 across backends), schedules and ColOut in the loader, determinism, exact mid-epoch resume,
 distributed sharding under real torchrun, and the errors a user meets."""
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -84,16 +85,13 @@ def test_same_seed_same_epoch_and_exact_resume(converted_sets, backend, form):
     state = again.state_dict()
     assert state["position"] == 2 and state["epoch"] == 1
 
-    resumed = loader_for(converted_sets, backend, form, **spec)
-    resumed.load_state_dict(state)
-    rest = epoch(resumed)
+    first.set_epoch(2)
+    assert not torch.equal(epoch(first)[0][0], expected[0][0])
+    first.load_state_dict(state)            # as a restarted run would, from epoch 2 back to epoch 1
+    rest = epoch(first)
     assert len(rest) == len(expected) - 2
     for (images, labels), (want_images, want_labels) in zip(rest, expected[2:]):
         assert torch.equal(labels, want_labels) and torch.equal(images, want_images)
-
-    other_epoch = loader_for(converted_sets, backend, form, **spec)
-    other_epoch.set_epoch(2)
-    assert not torch.equal(epoch(other_epoch)[0][0], expected[0][0])
 
 
 RANKS_SCRIPT = textwrap.dedent("""
@@ -140,3 +138,83 @@ def test_ranks_read_disjoint_parts_and_val_counts_every_sample_once(converted_se
         single = [tuple((round(float(s), 1), int(l))) for images, labels in alone
                   for s, l in zip(images.double().sum((1, 2, 3)), labels)]
         assert sorted(val) == sorted(single) and len(single) == 92, f"{name}: val not read exactly once"
+
+
+def one_line_error(kind, message, call):
+    with pytest.raises(kind) as caught:
+        call()
+    text = str(caught.value)
+    assert "\n" not in text and message in text, text
+    return text
+
+
+def test_bad_paths_and_damaged_files_are_one_line_errors(converted_sets, tmp_path):
+    from pipeline.datasets import DatasetError
+    photos = converted_sets["photos"]
+
+    def build(backend, path, split="val"):
+        return lambda: build_loader(LoaderSpec(backend, path=str(path), split=split, num_workers=0))
+
+    for backend in ("ffcv", "webdataset", "folder", "dali"):
+        one_line_error(DatasetError, "no such directory", build(backend, tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    one_line_error(DatasetError, "manifest.json: missing", build("ffcv", tmp_path / "empty"))
+    one_line_error(DatasetError, "holds a webdataset conversion, not ffcv", build("ffcv", photos["webdataset"]))
+    one_line_error(DatasetError, "is a converted dataset, not an ImageNet-layout folder", build("folder", photos["ffcv"]))
+
+    not_beton = tmp_path / "not_beton"
+    shutil.copytree(photos["ffcv"], not_beton)
+    size = (not_beton / "val.beton").stat().st_size
+    (not_beton / "val.beton").write_bytes(b"\x00" * size)
+    one_line_error(DatasetError, "val.beton: not a readable FFCV .beton", build("ffcv", not_beton))
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(photos["webdataset"], truncated)
+    tar = truncated / "val" / "shard-000000.tar"
+    tar.write_bytes(tar.read_bytes()[:100_000])
+    for backend in ("webdataset", "dali"):
+        one_line_error(DatasetError, "shard-000000.tar: 100000 bytes, its index needs", build(backend, truncated))
+
+
+def test_a_missing_package_names_it():
+    code = ("import sys; sys.modules['ffcv'] = None\n"
+            "from pipeline import LoaderSpec, build_loader\n"
+            "build_loader(LoaderSpec('ffcv', path='anywhere'))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "ImportError: loader backend 'ffcv' needs the package 'ffcv'" in result.stderr.splitlines()[-1]
+
+
+def corrupt_one_sample(converted_sets, tmp_path):
+    """A copy of the photos val split, raw and as shards, where one JPEG has lost its second half."""
+    folder, shards = tmp_path / "folder", tmp_path / "shards"
+    shutil.copytree(converted_sets["photos"]["folder"], folder)
+    shutil.copytree(converted_sets["photos"]["webdataset"], shards)
+    victim = sorted((folder / "val").glob("*/*.JPEG"))[5]
+    victim.write_bytes(victim.read_bytes()[:len(victim.read_bytes()) // 2])
+    # In the shard: blank the second half of sample 5's JPEG in place, so offsets stay valid.
+    index = (shards / "val" / "shard-000000.idx").read_text().splitlines()
+    _, offset, size, _ = index[1 + 5].split()[:4]
+    tar = bytearray((shards / "val" / "shard-000000.tar").read_bytes())
+    start = int(offset) + int(size) // 2
+    tar[start:int(offset) + int(size)] = bytes(int(size) - int(size) // 2)
+    (shards / "val" / "shard-000000.tar").write_bytes(bytes(tar))
+    return folder, shards, victim
+
+
+def test_corrupt_samples_are_skipped_and_counted_or_raised(converted_sets, tmp_path, caplog):
+    folder, shards, victim = corrupt_one_sample(converted_sets, tmp_path)
+    for backend, path, name in [("folder", folder, victim.name), ("webdataset", shards, "shard-000000.tar:000000005")]:
+        loader = build_loader(LoaderSpec(backend, path=str(path), split="val", batch_size=16, num_workers=1))
+        with caplog.at_level("WARNING", logger="pipeline"):
+            seen = sum(len(labels) for _, labels in loader)
+        assert (seen, loader.corrupt_in_epoch) == (91, 1), backend
+        assert "skipped 1 undecodable samples" in caplog.text
+        strict = build_loader(LoaderSpec(backend, path=str(path), split="val", batch_size=16, num_workers=1,
+                                         on_corrupt="raise"))
+        from pipeline.datasets import CorruptSample
+        one_line_error(CorruptSample, name, lambda: [None for _ in strict])
+    dali = build_loader(LoaderSpec("dali", path=str(folder), split="val", batch_size=16, num_workers=1))
+    from pipeline.datasets import DatasetError
+    text = one_line_error(DatasetError, "DALI failed while reading the val split", lambda: [None for _ in dali])
+    assert str(victim) in text

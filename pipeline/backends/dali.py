@@ -18,6 +18,8 @@ names DALI's message and the dataset.
 """
 from __future__ import annotations
 
+import re
+
 import torch
 from nvidia.dali import fn, math as dali_math, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
@@ -125,8 +127,10 @@ def _graph(loader: DALILoader, epoch: int):
 
 
 def _summary(error: Exception) -> str:
-    """DALI's error text without its stack of C++ frames: the lines that say what went wrong."""
-    lines = [line.strip() for line in str(error).splitlines()
-             if line.strip() and not line.strip().startswith(("[/", "Stacktrace", "C++ context", "Current pipeline"))
-             and not line.strip()[0].isdigit()]
-    return " ".join(lines)[:400] or repr(error)
+    """DALI's error in one line: the operator and what it met (which names the file when there is one)."""
+    text = str(error)
+    operator = re.search(r"operator `([^`]+)`", text)
+    reason = [line.strip() for line in text.split("encountered:", 1)[-1].splitlines()
+              if line.strip() and not line.strip().startswith(("Current pipeline", "Critical error", "[/", "Stacktrace"))]
+    what = reason[0] if reason else repr(error)
+    return f"{operator.group(1)}: {what}" if operator else what

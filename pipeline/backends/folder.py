@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from pipeline.base import Loader
 from pipeline.datasets import read_folder
-from pipeline.worker_decode import CorruptSample, collate, load_sample, torch_dataloader
+from pipeline.worker_decode import collate, load_or_report, torch_dataloader
 from pipeline.sharding import batch_count, rank_samples
 from pipeline.spec import LoaderSpec
 
@@ -35,14 +35,9 @@ class FolderBatches(Dataset):
 
     def _load(self, sample_id: int, epoch: int, side: int):
         spec = self.spec
-        try:
-            return load_sample(self.paths[sample_id], name=self.paths[sample_id], sample_id=sample_id,
-                               train=spec.train, side=side, scale=spec.scale, ratio=spec.ratio, seed=spec.seed,
-                               epoch=epoch, colout=spec.colout, draft=self.draft)
-        except CorruptSample:
-            if spec.on_corrupt == "raise":
-                raise
-            return None
+        return load_or_report(self.paths[sample_id], name=self.paths[sample_id], sample_id=sample_id,
+                              train=spec.train, side=side, scale=spec.scale, ratio=spec.ratio, seed=spec.seed,
+                              epoch=epoch, colout=spec.colout, draft=self.draft)
 
 
 class FolderLoader(Loader):
@@ -66,8 +61,8 @@ class FolderLoader(Loader):
 
     def _batches(self, epoch: int, start: int):
         self._start = start
-        for index, (images, labels, skipped) in enumerate(self.dataloader, start):
-            self._count_corrupt(skipped)
+        for index, (images, labels, errors) in enumerate(self.dataloader, start):
+            self._undecodable(errors)
             if len(labels):
                 yield index, self._to_model_input(images), self._to_device_labels(labels)
 

@@ -30,11 +30,10 @@ from pipeline.base import Loader
 from pipeline.datasets import ConvertedSplit, DatasetError, Shard, read_converted
 from pipeline.sharding import batch_count, rank_sample_count
 from pipeline.spec import LoaderSpec
-from pipeline.worker_decode import CorruptSample, collate, load_sample, torch_dataloader
+from pipeline.worker_decode import collate, load_or_report, torch_dataloader
 
 IMAGE_KEY, LABEL_KEY = "jpg", "lbl"
 SHUFFLE_BUFFER = 1000
-TAR_HEADER = 512
 
 
 def stream_pieces(counts: list[int], lo: int, hi: int, epoch: int, seed: int,
@@ -65,7 +64,6 @@ class ShardBatches(IterableDataset):
         self.counts = [shard.count for shard in data.shards]
         # (epoch, side, first batch): shared memory, so persistent workers see each new epoch.
         self.control = multiprocessing.Array("q", 3, lock=False)
-        self.offsets = [_sample_offsets(shard) for shard in data.shards]
 
     def rank_range(self) -> tuple[int, int]:
         spec, total = self.spec, sum(self.counts)
@@ -109,7 +107,7 @@ class ShardBatches(IterableDataset):
 
     def _read_piece(self, shard: Shard, shard_index: int, begin: int, end: int):
         with open(shard.tar, "rb") as stream:
-            stream.seek(self.offsets[shard_index][begin])
+            stream.seek(shard.offsets[begin])
             url = str(shard.tar)
             members = (dict(member, __url__=url) for member in tar_file_iterator(stream, select_files=_wanted_member))
             for number, sample in enumerate(group_by_keys(members)):
@@ -122,34 +120,8 @@ class ShardBatches(IterableDataset):
     def _decode(self, sample, epoch: int, side: int):
         sample_id, jpeg, _, name = sample
         spec = self.spec
-        try:
-            return load_sample(jpeg, name=name, sample_id=sample_id, train=spec.train, side=side, scale=spec.scale,
-                               ratio=spec.ratio, seed=spec.seed, epoch=epoch, colout=spec.colout, draft=True)
-        except CorruptSample:
-            if spec.on_corrupt == "raise":
-                raise
-            return None
-
-
-def _sample_offsets(shard: Shard) -> list[int]:
-    """Where each sample's first tar header starts, from the DALI-style `.idx` file; checks
-    that the tar is long enough for every member the index lists."""
-    offsets, end = [], 0
-    try:
-        for line in shard.index.read_text().splitlines()[1:]:
-            fields = line.split()   # per member: extension, data offset, size, file name
-            starts, sizes = [int(value) for value in fields[1::4]], [int(value) for value in fields[2::4]]
-            offsets.append(min(starts) - TAR_HEADER)
-            end = max(end, *(start + size for start, size in zip(starts, sizes)))
-    except (OSError, ValueError) as error:
-        raise DatasetError(f"{shard.index}: unreadable index ({error}); run tools/convert_wds.py again") from None
-    if len(offsets) != shard.count:
-        raise DatasetError(f"{shard.index}: {len(offsets)} samples where the manifest says {shard.count}; "
-                           f"run tools/convert_wds.py again")
-    size = shard.tar.stat().st_size
-    if size < end:
-        raise DatasetError(f"{shard.tar}: {size} bytes, its index needs {end}: truncated; run tools/convert_wds.py again")
-    return offsets
+        return load_or_report(jpeg, name=name, sample_id=sample_id, train=spec.train, side=side, scale=spec.scale,
+                              ratio=spec.ratio, seed=spec.seed, epoch=epoch, colout=spec.colout, draft=True)
 
 
 def _wanted_member(name: str) -> bool:
@@ -168,7 +140,7 @@ class WebDatasetLoader(Loader):
 
     def _batches(self, epoch: int, start: int):
         self.dataset.control[:] = [epoch, self.side, start]
-        for index, (images, labels, skipped) in self.dataloader:
-            self._count_corrupt(skipped)
+        for index, (images, labels, errors) in self.dataloader:
+            self._undecodable(errors)
             if len(labels):
                 yield index, self._to_model_input(images), self._to_device_labels(labels)
