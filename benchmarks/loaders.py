@@ -71,7 +71,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT / "data")
     parser.add_argument("--dataset", default="photos")
-    parser.add_argument("--backends", default=",".join(CONFIGURATIONS), help="comma-separated: " + ", ".join(CONFIGURATIONS))
+    parser.add_argument("--backends", default="folder,webdataset,ffcv,dali-folder,dali-wds",
+                        help="comma-separated: " + ", ".join(CONFIGURATIONS))
     parser.add_argument("--train-res", type=int, default=160)
     parser.add_argument("--val-res", type=int, default=224)
     parser.add_argument("--workers", type=int, default=2)

@@ -109,7 +109,7 @@ class Loader:
         yields a new tensor, so a backend's reused output buffers never leak to the caller.
         """
         images = images.to(self.device, non_blocking=True)
-        images = (images.float() - self._mean).mul_(self._inv_std)
+        images = images.float().sub_(self._mean).mul_(self._inv_std)
         return images.to(self.spec.dtype).contiguous(memory_format=torch.channels_last)
 
     def _to_device_labels(self, labels: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,16 @@ def rank_samples(count: int, epoch: int, seed: int, rank: int, world_size: int, 
     if shuffle:
         order = np.random.default_rng((seed, epoch)).permutation(count)
         return order[rank::world_size][:count // world_size]
-    return np.arange(count * rank // world_size, count * (rank + 1) // world_size)
+    return np.arange(*rank_range(count, rank, world_size, shuffle=False))
+
+
+def rank_range(count: int, rank: int, world_size: int, shuffle: bool) -> tuple[int, int]:
+    """This rank's contiguous [lo, hi) of a stream of `count` samples, for readers that stream
+    (webdataset): as many samples as `rank_samples` gives, from a stream already shuffled."""
+    if shuffle:
+        per_rank = count // world_size
+        return rank * per_rank, (rank + 1) * per_rank
+    return count * rank // world_size, count * (rank + 1) // world_size
 
 
 def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
@@ -27,6 +36,5 @@ def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
 
 
 def rank_sample_count(count: int, rank: int, world_size: int, shuffle: bool) -> int:
-    if shuffle:
-        return count // world_size
-    return count * (rank + 1) // world_size - count * rank // world_size
+    lo, hi = rank_range(count, rank, world_size, shuffle)
+    return hi - lo

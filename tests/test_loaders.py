@@ -94,6 +94,20 @@ def test_same_seed_same_epoch_and_exact_resume(converted_sets, backend, form):
         assert torch.equal(labels, want_labels) and torch.equal(images, want_images)
 
 
+def test_shard_stream_pieces_cover_every_sample_once_per_epoch():
+    from pipeline.backends.webdataset import stream_pieces
+    counts = [5, 3, 7]
+    for epoch in range(4):
+        for shuffle in (True, False):
+            ranges = [(0, 6), (6, 9), (9, 15)]    # as three ranks would cut the epoch's stream
+            pieces = [p for lo, hi in ranges for p in stream_pieces(counts, lo, hi, epoch, seed=1, shuffle=shuffle)]
+            samples = [(shard, i) for shard, begin, end in pieces for i in range(begin, end)]
+            assert sorted(samples) == [(s, i) for s, n in enumerate(counts) for i in range(n)]
+            assert all(0 <= begin < end <= counts[shard] for shard, begin, end in pieces)
+            if not shuffle:
+                assert samples == sorted(samples)
+
+
 RANKS_SCRIPT = textwrap.dedent("""
     import json, sys, torch, torch.distributed as dist
     from pipeline import LoaderSpec, build_loader

@@ -27,8 +27,9 @@ from webdataset.filters import _shuffle as shuffle_samples
 from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from pipeline.base import Loader
+from pipeline.crops import sample_seed
 from pipeline.datasets import ConvertedSplit, DatasetError, Shard, read_converted
-from pipeline.sharding import batch_count, rank_sample_count
+from pipeline.sharding import batch_count, rank_range, rank_sample_count
 from pipeline.spec import LoaderSpec
 from pipeline.worker_decode import collate, load_or_report, torch_dataloader
 
@@ -65,13 +66,6 @@ class ShardBatches(IterableDataset):
         # (epoch, side, first batch): shared memory, so persistent workers see each new epoch.
         self.control = multiprocessing.Array("q", 3, lock=False)
 
-    def rank_range(self) -> tuple[int, int]:
-        spec, total = self.spec, sum(self.counts)
-        if spec.train:
-            per_rank = total // spec.world_size
-            return spec.rank * per_rank, (spec.rank + 1) * per_rank
-        return total * spec.rank // spec.world_size, total * (spec.rank + 1) // spec.world_size
-
     def __len__(self) -> int:
         spec = self.spec
         samples = rank_sample_count(sum(self.counts), spec.rank, spec.world_size, shuffle=spec.train)
@@ -82,12 +76,12 @@ class ShardBatches(IterableDataset):
         worker_id, workers = (worker.id, worker.num_workers) if worker else (0, 1)
         epoch, side, start = self.control
         spec, batch_size = self.spec, self.spec.batch_size
-        lo, hi = self.rank_range()
+        lo, hi = rank_range(sum(self.counts), spec.rank, spec.world_size, shuffle=spec.train)
         mine = range(worker_id, len(self), workers)
         samples = (sample for batch in mine
                    for sample in self._read(lo + batch * batch_size, min(lo + (batch + 1) * batch_size, hi), epoch))
         if spec.train:
-            rng = random.Random(hash((spec.seed, epoch, spec.rank, worker_id)))
+            rng = random.Random(sample_seed(spec.seed + 7919 * spec.rank, epoch, worker_id))
             samples = shuffle_samples(samples, bufsize=SHUFFLE_BUFFER, initial=SHUFFLE_BUFFER, rng=rng)
         for batch in mine:
             chunk = [next(samples) for _ in range(min(batch_size, hi - lo - batch * batch_size))]
@@ -101,11 +95,11 @@ class ShardBatches(IterableDataset):
         for shard_index, begin, end in stream_pieces(self.counts, lo, hi, epoch, self.spec.seed, self.spec.train):
             shard = self.shards[shard_index]
             try:
-                yield from self._read_piece(shard, shard_index, begin, end)
+                yield from self._read_piece(shard, begin, end)
             except (tarfile.TarError, OSError, KeyError, ValueError) as error:
                 raise DatasetError(f"{shard.tar}: damaged shard ({error!r}); run tools/convert_wds.py again") from None
 
-    def _read_piece(self, shard: Shard, shard_index: int, begin: int, end: int):
+    def _read_piece(self, shard: Shard, begin: int, end: int):
         with open(shard.tar, "rb") as stream:
             stream.seek(shard.offsets[begin])
             url = str(shard.tar)
