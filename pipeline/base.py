@@ -33,9 +33,8 @@ class Loader:
         self.corrupt_in_epoch = 0         # samples skipped as undecodable, this epoch
         self.corrupt_total = 0
         self.device = torch.device(spec.device)
-        scale = 255 * torch.tensor(spec.std, device=self.device).view(1, 3, 1, 1)
         self._mean = 255 * torch.tensor(spec.mean, device=self.device).view(1, 3, 1, 1)
-        self._inv_std = 1 / scale
+        self._inv_std = 1 / (255 * torch.tensor(spec.std, device=self.device).view(1, 3, 1, 1))
         self._prepare_epoch(0)
 
     # --- what backends supply -------------------------------------------------------
