@@ -81,7 +81,7 @@ def read_converted(path: str | Path, split: str, expected_format: str) -> Conver
     for file in files:
         if not file.is_file():
             raise DatasetError(f"{file}: missing (listed in {manifest_path}); run {converter} again")
-    if "bytes" in record and not shards:
+    if kind == "ffcv":
         _check_size(files[0], record["bytes"], converter)
     return ConvertedSplit(root, kind, split, classes, record["count"], files, shards)
 

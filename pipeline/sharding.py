@@ -35,6 +35,7 @@ def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
     return samples // batch_size if drop_last else math.ceil(samples / batch_size)
 
 
-def rank_sample_count(count: int, rank: int, world_size: int, shuffle: bool) -> int:
-    lo, hi = rank_range(count, rank, world_size, shuffle)
-    return hi - lo
+def rank_batches(count: int, spec) -> int:
+    """Batches per epoch on `spec`'s rank (a LoaderSpec) for a split of `count` samples."""
+    lo, hi = rank_range(count, spec.rank, spec.world_size, shuffle=spec.train)
+    return batch_count(hi - lo, spec.batch_size, spec.drop_last)

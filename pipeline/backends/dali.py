@@ -27,7 +27,7 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 from pipeline.base import Loader
 from pipeline.crops import CENTER_CROP_RATIO, RANDOM_CROP_ATTEMPTS, sample_seed
 from pipeline.datasets import DatasetError, is_converted, read_converted, read_folder
-from pipeline.sharding import batch_count, rank_sample_count, rank_samples
+from pipeline.sharding import rank_batches, rank_samples
 from pipeline.spec import LoaderSpec
 
 # nvJPEG scratch sizes that avoid re-allocations on ImageNet (as in DALI's ResNet-50 example).
@@ -51,9 +51,7 @@ class DALILoader(Loader):
             if self.cuda else None
 
     def __len__(self) -> int:
-        spec = self.spec
-        samples = rank_sample_count(self.count, spec.rank, spec.world_size, shuffle=spec.train)
-        return batch_count(samples, spec.batch_size, spec.drop_last)
+        return rank_batches(self.count, self.spec)
 
     def _batches(self, epoch: int, start: int):
         pipe = self._pipeline(epoch)

@@ -20,10 +20,10 @@ from pipeline.spec import LoaderSpec
 class FolderBatches(Dataset):
     """Map-style: a batch key (epoch, side, sample ids) -> a collated uint8 batch."""
 
-    def __init__(self, samples, spec: LoaderSpec, draft: bool = False):
+    def __init__(self, samples, spec: LoaderSpec):
         self.paths = [sample.path for sample in samples]
         self.labels = [sample.label for sample in samples]
-        self.spec, self.draft = spec, draft
+        self.spec = spec
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -37,7 +37,7 @@ class FolderBatches(Dataset):
         spec = self.spec
         return load_or_report(self.paths[sample_id], name=self.paths[sample_id], sample_id=sample_id,
                               train=spec.train, side=side, scale=spec.scale, ratio=spec.ratio, seed=spec.seed,
-                              epoch=epoch, colout=spec.colout, draft=self.draft)
+                              epoch=epoch, colout=spec.colout, draft=False)
 
 
 class FolderLoader(Loader):

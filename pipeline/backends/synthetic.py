@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.base import Loader
-from pipeline.sharding import batch_count, rank_sample_count
+from pipeline.sharding import rank_batches
 from pipeline.spec import LoaderSpec
 
 
@@ -15,9 +15,7 @@ class SyntheticLoader(Loader):
         super().__init__(spec, spec.num_classes or 1000)
 
     def __len__(self) -> int:
-        spec = self.spec
-        samples = rank_sample_count(spec.synthetic_size, spec.rank, spec.world_size, shuffle=spec.train)
-        return batch_count(samples, spec.batch_size, spec.drop_last)
+        return rank_batches(self.spec.synthetic_size, self.spec)
 
     def _prepare_epoch(self, epoch: int) -> None:
         height, width = self.resolution

@@ -29,7 +29,7 @@ from webdataset.tariterators import group_by_keys, tar_file_iterator
 from pipeline.base import Loader
 from pipeline.crops import sample_seed
 from pipeline.datasets import ConvertedSplit, DatasetError, Shard, read_converted
-from pipeline.sharding import batch_count, rank_range, rank_sample_count
+from pipeline.sharding import rank_batches, rank_range
 from pipeline.spec import LoaderSpec
 from pipeline.worker_decode import collate, load_or_report, torch_dataloader
 
@@ -67,9 +67,7 @@ class ShardBatches(IterableDataset):
         self.control = multiprocessing.Array("q", 3, lock=False)
 
     def __len__(self) -> int:
-        spec = self.spec
-        samples = rank_sample_count(sum(self.counts), spec.rank, spec.world_size, shuffle=spec.train)
-        return batch_count(samples, spec.batch_size, spec.drop_last)
+        return rank_batches(sum(self.counts), self.spec)
 
     def __iter__(self):
         worker = get_worker_info()
