@@ -1,5 +1,6 @@
-# The two commands of the README: `make demo` (the main job on the sample data) and
-# `make test` (the test suite). Both bootstrap .venv first; the second time that is instant.
+# The two commands of the README: `make demo` (the main job on the sample data: make and
+# convert the samples, then train on fashion with torchrun, 2 processes) and `make test`
+# (the test suite). Both bootstrap .venv first; the second time that is instant.
 PY := .venv/bin/python
 DATA := data
 SETS := fashion photos
@@ -9,8 +10,12 @@ SETS := fashion photos
 setup:
 	@bash tools/bootstrap.sh
 
+DEMO_RECIPE := algorithms/recipes/fashion_baseline.yaml
+
 demo: setup sample-data convert
 	@$(PY) tools/summarize_data.py $(DATA)
+	@.venv/bin/torchrun --standalone --nproc_per_node=2 training/main.py --config $(DEMO_RECIPE) \
+	    run_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 sample-data: setup
 	@$(PY) tools/make_sample_data.py $(SETS) --out $(DATA)/sample

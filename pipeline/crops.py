@@ -47,9 +47,9 @@ def random_resized_crop(height, width, scale_lo, scale_hi, log_ratio_lo, log_rat
     return (height - crop_height) // 2, (width - crop_width) // 2, crop_height, crop_width
 
 
-def center_crop(height, width):
-    """(top, left, side, side) of the validation crop."""
-    side = max(1, int(CENTER_CROP_RATIO * min(height, width)))
+def center_crop(height, width, ratio=CENTER_CROP_RATIO):
+    """(top, left, side, side) of the validation crop: a share `ratio` of the shorter side."""
+    side = max(1, int(ratio * min(height, width)))
     return (height - side) // 2, (width - side) // 2, side, side
 
 

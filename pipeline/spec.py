@@ -7,6 +7,7 @@ from typing import Any, Optional
 import torch
 
 from pipeline.colout import kept_size
+from pipeline.crops import CENTER_CROP_RATIO
 from pipeline.schedules import Schedule, resolution_schedule
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -23,6 +24,7 @@ class LoaderSpec:
     batch_size: int = 256               # per rank
     resolution: Any = 224               # train: an int, a schedule, or a schedule mapping (pipeline.schedules)
     val_resolution: int = 224
+    val_crop_ratio: float = CENTER_CROP_RATIO          # val: the centered square's share of the shorter side
     scale: tuple[float, float] = (0.08, 1.0)          # RandomResizedCrop area share
     ratio: tuple[float, float] = (3 / 4, 4 / 3)       # RandomResizedCrop aspect ratio
     colout: Optional[tuple[float, float]] = None      # (p_row, p_col) dropped in the loader
@@ -51,6 +53,8 @@ class LoaderSpec:
             raise ValueError(f"need batch_size >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}")
         if not (0 < self.scale[0] <= self.scale[1] <= 1 and 0 < self.ratio[0] <= self.ratio[1]):
             raise ValueError(f"bad crop scale {self.scale} or ratio {self.ratio}")
+        if not 0 < self.val_crop_ratio <= 1:
+            raise ValueError(f"val_crop_ratio must be in (0, 1], got {self.val_crop_ratio}")
         if self.colout is not None:
             kept_size(8, 8, *self.colout)  # validates the shares
         if self.on_corrupt not in ("skip", "raise"):

@@ -35,17 +35,18 @@ def draft_reduction(crop_height: int, crop_width: int, side: int) -> int:
     return reduction
 
 
-def load_sample(source, *, name: str, sample_id: int, train: bool, side: int, scale, ratio, seed: int,
-                epoch: int, colout, draft: bool) -> np.ndarray:
+def load_sample(source, spec: LoaderSpec, *, name: str, sample_id: int, epoch: int, side: int,
+                draft: bool) -> np.ndarray:
     """(side', side', 3) uint8: one stored image (a path or JPEG bytes), augmented as the spec says."""
+    train, colout = spec.train, spec.colout
     try:
         image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
         width, height = image.size
-        uniforms = sample_uniforms(seed, epoch, sample_id)
+        uniforms = sample_uniforms(spec.seed, epoch, sample_id)
         if train:
-            (top, left, crop_height, crop_width), flip = train_crop(height, width, scale, ratio, uniforms)
+            (top, left, crop_height, crop_width), flip = train_crop(height, width, spec.scale, spec.ratio, uniforms)
         else:
-            (top, left, crop_height, crop_width), flip = center_crop(height, width), False
+            (top, left, crop_height, crop_width), flip = center_crop(height, width, spec.val_crop_ratio), False
         if draft and image.format == "JPEG":
             reduction = draft_reduction(crop_height, crop_width, side)
             if reduction > 1:
@@ -63,11 +64,11 @@ def load_sample(source, *, name: str, sample_id: int, train: bool, side: int, sc
     return pixels
 
 
-def load_or_report(source, **options) -> np.ndarray | str:
+def load_or_report(source, spec: LoaderSpec, **options) -> np.ndarray | str:
     """load_sample, with an undecodable sample reported as its error message instead of raised:
     the main process decides (spec.on_corrupt) and its error stays one line, not a worker traceback."""
     try:
-        return load_sample(source, **options)
+        return load_sample(source, spec, **options)
     except CorruptSample as error:
         return str(error)
 

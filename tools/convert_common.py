@@ -28,7 +28,7 @@ from PIL import Image, ImageFile, ImageOps
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from atomic_files import write_bytes_atomic  # noqa: E402
+from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 from pipeline.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split  # noqa: E402
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is a skip, never half an image

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from atomic_files import replace_atomically  # noqa: E402
+from pipeline.atomic_files import replace_atomically  # noqa: E402
 from convert_common import (ConversionError, SplitResult, common_parser, describe_failure, load_rgb,  # noqa: E402
                             main_guard, parallel_map, probe, run_conversion)
 from pipeline.imagefolder import Sample, Skipped  # noqa: E402

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from atomic_files import fsync_path, replace_atomically  # noqa: E402
+from pipeline.atomic_files import fsync_path, replace_atomically  # noqa: E402
 from convert_common import (ConversionError, SplitResult, common_parser, describe_failure, encode_jpeg,  # noqa: E402
                             load_rgb, main_guard, open_image, parallel_map, probe, run_conversion, usable_as_is)
 from pipeline.imagefolder import Sample, Skipped  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from atomic_files import write_bytes_atomic
+from pipeline.atomic_files import write_bytes_atomic
 
 SPLITS = ("train", "val")
 DONE_FILE = ".done.json"      # written last: the set is complete for these params

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script from anywhere
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # run as a script from anywhere
 from debian_packages import DebianPackageError, package_root  # noqa: E402
 from generated_set import (SPLITS, GeneratedSetError, atomic_write, claim_set_dir, disk_usage_mb,  # noqa: E402
                            finish_set, finished_counts, summarize, write_missing)

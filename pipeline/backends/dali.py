@@ -25,7 +25,7 @@ from nvidia.dali import fn, math as dali_math, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from pipeline.base import Loader
-from pipeline.crops import CENTER_CROP_RATIO, RANDOM_CROP_ATTEMPTS, sample_seed
+from pipeline.crops import RANDOM_CROP_ATTEMPTS, sample_seed
 from pipeline.datasets import DatasetError, is_converted, read_converted, read_folder
 from pipeline.sharding import rank_batches, rank_samples
 from pipeline.spec import LoaderSpec
@@ -112,7 +112,7 @@ def _graph(loader: DALILoader, epoch: int):
     else:
         shape = fn.peek_image_shape(jpegs, dtype=types.FLOAT)   # (H, W, C)
         height, width = shape[0], shape[1]
-        crop = dali_math.floor(dali_math.min(height, width) * CENTER_CROP_RATIO)
+        crop = dali_math.floor(dali_math.min(height, width) * spec.val_crop_ratio)
         anchor = fn.stack(dali_math.floor((height - crop) * 0.5), dali_math.floor((width - crop) * 0.5))
         images = fn.decoders.image_slice(jpegs, anchor, fn.stack(crop, crop), axis_names="HW", output_type=types.RGB,
                                          normalized_anchor=False, normalized_shape=False, **decode_options)

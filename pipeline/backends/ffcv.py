@@ -34,7 +34,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from pipeline.base import Loader
-from pipeline.crops import CENTER_CROP_RATIO, UNIFORMS_PER_SAMPLE, random_resized_crop, sample_seed
+from pipeline.crops import UNIFORMS_PER_SAMPLE, random_resized_crop, sample_seed
 from pipeline.datasets import DatasetError, read_converted
 from pipeline.sharding import batch_count, rank_samples
 from pipeline.spec import LoaderSpec
@@ -123,7 +123,7 @@ class FFCVLoader(Loader):
         if spec.train:
             self.decoder = SeededRandomResizedCrop((side, side), spec.scale, spec.ratio, spec.seed)
         else:
-            self.decoder = CenterCropRGBImageDecoder((side, side), ratio=CENTER_CROP_RATIO)
+            self.decoder = CenterCropRGBImageDecoder((side, side), ratio=spec.val_crop_ratio)
         to_device = [ToDevice(torch.device(spec.device), non_blocking=True)] if spec.device.startswith("cuda") else []
         self.order = _FixedOrder()
         self._ids = np.zeros(0, dtype=np.int64)

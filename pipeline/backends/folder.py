@@ -34,10 +34,8 @@ class FolderBatches(Dataset):
         return collate(images, [self.labels[i] for i in ids])
 
     def _load(self, sample_id: int, epoch: int, side: int):
-        spec = self.spec
-        return load_or_report(self.paths[sample_id], name=self.paths[sample_id], sample_id=sample_id,
-                              train=spec.train, side=side, scale=spec.scale, ratio=spec.ratio, seed=spec.seed,
-                              epoch=epoch, colout=spec.colout, draft=False)
+        return load_or_report(self.paths[sample_id], self.spec, name=self.paths[sample_id], sample_id=sample_id,
+                              epoch=epoch, side=side, draft=False)
 
 
 class FolderLoader(Loader):

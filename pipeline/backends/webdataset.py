@@ -111,9 +111,7 @@ class ShardBatches(IterableDataset):
 
     def _decode(self, sample, epoch: int, side: int):
         sample_id, jpeg, _, name = sample
-        spec = self.spec
-        return load_or_report(jpeg, name=name, sample_id=sample_id, train=spec.train, side=side, scale=spec.scale,
-                              ratio=spec.ratio, seed=spec.seed, epoch=epoch, colout=spec.colout, draft=True)
+        return load_or_report(jpeg, self.spec, name=name, sample_id=sample_id, epoch=epoch, side=side, draft=True)
 
 
 def _wanted_member(name: str) -> bool:

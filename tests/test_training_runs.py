@@ -1,0 +1,190 @@
+"""`training/main.py` as users run it: config errors, the run directory, multi-node rendezvous,
+and exact resume after SIGKILL of a real 2-process torchrun (gloo, CPU)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "training" / "main.py"
+RECIPE = ROOT / "algorithms" / "recipes" / "fashion_baseline.yaml"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def tiny_run(path, backend: str, run_dir: Path, *extra) -> list[str]:
+    """Overrides for a few-second run of the fashion recipe on the test's small sample."""
+    return [f"data.backend={backend}", f"data.path={path}", "data.batch_size=8", "data.num_workers=1",
+            "model.width=4", "model.blocks_per_stage=1", "log.progress=false", "log.tensorboard=false",
+            f"run_dir={run_dir}", *extra]
+
+
+def main_py(*args, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(MAIN), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.lrr=0.1"], "unknown config key 'optim.lrr'; did you mean 'optim.lr'?"),
+    (["optim.lr=fast"], "config key 'optim.lr': expected a float, got 'fast'"),
+    (["precision=fp8"], "config key 'precision': expected one of 'fp32', 'bf16', 'fp16'"),
+    (["max_duration=3 epochs"], "bad duration '3 epochs'"),
+    (["data.path=/no/such/dir"], "/no/such/dir: no such directory"),
+    (["algorithms.mixup={}"], "unknown algorithm 'mixup'"),
+])
+def test_config_errors_are_one_line_and_exit_2(overrides, message, tmp_path):
+    result = main_py("--config", RECIPE, f"run_dir={tmp_path / 'run'}", *overrides)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr  # one line
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_recipe_file_exits_2(tmp_path):
+    result = main_py("--config", tmp_path / "nope.yaml")
+    assert result.returncode == 2 and "nope.yaml" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_multi_node_rendezvous_and_run_directory(converted_sets, tmp_path):
+    """Two torchrun 'nodes' of one process each meet at a c10d rendezvous on this machine."""
+    run_dir = tmp_path / "run"
+    port = free_port()
+    overrides = tiny_run(converted_sets["fashion"]["ffcv"], "ffcv", run_dir, "max_duration=2ep",
+                         "checkpoint.interval=1ba", "checkpoint.keep=2")
+    nodes = [subprocess.Popen([*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
+                               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test",
+                               str(MAIN), "--config", str(RECIPE), *overrides],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+             for rank in (0, 1)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert "eval after" in outputs[0] and "eval after" not in outputs[1]        # other ranks are quiet
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 2
+    for key in ("best_val_top1", "last_val_top1", "wall_s", "train_img_per_s"):
+        assert isinstance(summary[key], float), key
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["data"]["backend"] == "ffcv" and saved["max_duration"] == "2ep"
+    lines = read_jsonl(run_dir / "metrics.jsonl")
+    assert all("epoch" in line and "step" in line for line in lines)
+    evals = [line for line in lines if "val_top1" in line]
+    steps_per_epoch = 120 // 16                                   # 12 images per class, 10 classes
+    assert [(e["epoch"], e["step"]) for e in evals] == [(0, steps_per_epoch), (1, 2 * steps_per_epoch)]
+    assert all(0 <= e["val_top1"] <= e["val_top5"] <= 100 for e in evals)
+    assert evals[-1]["val_top1"] == summary["last_val_top1"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
+        [f"ep1-ba{2 * steps_per_epoch - 1}.pt", f"ep2-ba{2 * steps_per_epoch}.pt"]   # keep=2
+
+
+def torchrun_2(run_dir: Path, overrides: list[str]) -> list[str]:
+    return [*TORCHRUN, "--standalone", "--nproc_per_node=2", str(MAIN), "--config", str(RECIPE), *overrides]
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once (torchrun starts its workers in
+    sessions of their own, so killing its process group would leave them running)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, grew = {pid}, True
+    while grew:
+        children = {child for child, parent in parents.items() if parent in tree} - tree
+        tree, grew = tree | children, bool(children)
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGSTOP)        # freeze all first, so none acts on another's death
+        except ProcessLookupError:
+            pass
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def final_weights(run_dir: Path) -> dict:
+    newest = sorted((run_dir / "checkpoints").iterdir(), key=lambda p: int(p.stem.split("-ba")[1]))[-1]
+    return torch.load(newest, weights_only=True)
+
+
+def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(converted_sets, tmp_path):
+    data = converted_sets["fashion"]["folder"]
+    # 7 steps an epoch; checkpoints every 5 steps all fall mid-epoch, up to the last at step 84
+    common = ["max_duration=12ep", "deterministic=true", "checkpoint.interval=5ba", "checkpoint.keep=3",
+              "data.scale=[0.35,1]"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(torchrun_2(straight, tiny_run(data, "folder", straight, *common)), check=True,
+                   capture_output=True, timeout=300, cwd=ROOT)
+
+    command = torchrun_2(killed, tiny_run(data, "folder", killed, *common))
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                               start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not (killed / "checkpoints" / "ep1-ba10.pt").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    kill_tree(process.pid)                                       # torchrun and both workers, no clean-up
+    process.wait()
+    assert not (killed / "summary.json").exists()
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    resumed_step = int(re.search(r"resumed from \S+-ba(\d+)\.pt", resumed.stdout)[1])
+    assert resumed_step % 7 and resumed_step < 84               # mid-epoch, before the end
+
+    expected, actual = final_weights(straight), final_weights(killed)
+    assert expected["counters"]["step"] == actual["counters"]["step"] == 84
+    for key, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][key]), key
+    for index, buffers in expected["optimizer"]["state"].items():
+        assert torch.equal(buffers["momentum_buffer"], actual["optimizer"]["state"][index]["momentum_buffer"])
+    steps = [line["step"] for line in read_jsonl(killed / "metrics.jsonl") if "train_loss" in line]
+    assert steps == sorted(set(steps)), "metrics lines repeated after the resume"
+    assert json.loads((killed / "summary.json").read_text())["last_val_top1"] == \
+        json.loads((straight / "summary.json").read_text())["last_val_top1"]
+
+
+def test_resume_skips_a_truncated_checkpoint_and_a_finished_run_stays_finished(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=16",
+                 "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
+                 "log.progress=false", f"run_dir={run_dir}", "checkpoint.interval=1ep"]
+    first = main_py("--config", RECIPE, *overrides, "max_duration=2ep")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = main_py("--config", RECIPE, *overrides, "max_duration=2ep")
+    assert "resumed from" in again.stdout and "ep2-ba8.pt" in again.stdout and "epoch 1/2:" not in again.stdout
+
+    newest = run_dir / "checkpoints" / "ep2-ba8.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    longer = main_py("--config", RECIPE, *overrides, "max_duration=3ep")
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert "ep2-ba8.pt does not load" in longer.stderr and "resumed from" in longer.stdout
+    assert "ep1-ba4.pt" in longer.stdout and "max_duration" in longer.stdout     # the changed key is named
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 12
+
+    never = main_py("--config", RECIPE, *overrides, "resume=never")
+    assert never.returncode == 2 and "already has checkpoints" in never.stderr

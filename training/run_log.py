@@ -1,0 +1,95 @@
+"""What a run leaves behind and shows: the run directory's files, and rank 0's progress.
+
+The run directory is an interface (tests and tools read it):
+    config.yaml     the resolved config
+    metrics.jsonl   one JSON object per line, each with `epoch` (0-based, the epoch the line
+                    is about) and `step` (optimizer steps so far); evaluation lines carry
+                    `val_top1`, `val_top5` (percent) and `val_loss`
+    checkpoints/    see training/checkpoints.py
+    summary.json    at the end: best_val_top1, last_val_top1, wall_s, train_img_per_s, epochs, ...
+    tensorboard/    when the tensorboard package is installed
+Only rank 0 writes or prints; on other ranks every method is a no-op.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+from pipeline.atomic_files import write_bytes_atomic
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, active: bool, progress: bool, tensorboard: bool):
+        self.run_dir, self.active, self.show_progress = Path(run_dir), active, progress and active
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._bar = None
+        self._tensorboard = None
+        if active:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+                    self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
+                except ImportError:  # tensorboard is optional
+                    pass
+
+    def write_config(self, plain_config: dict) -> None:
+        if self.active:
+            text = yaml.safe_dump(plain_config, sort_keys=False)
+            write_bytes_atomic(self.run_dir / "config.yaml", text.encode())
+            self.print("config:\n  " + text.rstrip().replace("\n", "\n  "))
+
+    def rewind(self, step: int) -> None:
+        """Drop the metrics lines a resumed run will write again (those after `step`)."""
+        if not (self.active and self.metrics_path.exists()):
+            return
+        kept = [line for line in self.metrics_path.read_text().splitlines(keepends=True)
+                if line.strip() and _step_of(line) <= step]
+        write_bytes_atomic(self.metrics_path, "".join(kept).encode())
+
+    def metrics(self, record: dict) -> None:
+        if not self.active:
+            return
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tensorboard:
+            for key, value in record.items():
+                if key not in ("epoch", "step") and isinstance(value, (int, float)):
+                    self._tensorboard.add_scalar(key, value, record["step"])
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int, done: int) -> None:
+        if self.show_progress:
+            self._bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}/{epochs}", unit="ba",
+                             leave=False, dynamic_ncols=True, file=sys.stderr)
+
+    def advance(self, steps: int = 1, **postfix) -> None:
+        if self._bar is not None:
+            if postfix:
+                self._bar.set_postfix(postfix, refresh=False)
+            self._bar.update(steps)
+
+    def end_epoch(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def print(self, text: str) -> None:
+        if self.active:
+            print(text, flush=True)
+
+    def write_summary(self, summary: dict) -> None:
+        if self.active:
+            write_bytes_atomic(self.run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+            if self._tensorboard:
+                self._tensorboard.close()
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return sys.maxsize  # a torn last line from a killed run: dropped

@@ -1,0 +1,68 @@
+"""The loop's state: what algorithms read and change when an event fires.
+
+Counters follow one convention: `epoch` is the epoch in progress (or the next one, between
+epochs), `batch_in_epoch` the optimizer steps already taken in it (the train loader's
+position), `step` the optimizer steps taken since the start of the run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from training.config import Config
+from training.distributed import World
+
+
+@dataclass
+class State:
+    config: Config
+    world: World
+    model: nn.Module                       # the bare model (algorithms change its modules)
+    train_model: nn.Module                 # what the loop calls: DDP / torch.compile around `model`
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    train_loader: Any
+    val_loader: Any
+    num_classes: int
+    steps_per_epoch: int
+    total_steps: int
+    # counters
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    step: int = 0
+    samples_seen: int = 0                  # over all ranks
+    train_seconds: float = 0.0             # time spent in training epochs, over all sessions
+    # the batch in flight (a micro-batch between BEFORE_FORWARD and AFTER_BACKWARD)
+    images: Optional[torch.Tensor] = None
+    targets: Optional[torch.Tensor] = None
+    outputs: Optional[torch.Tensor] = None
+    loss: Optional[torch.Tensor] = None
+    # results
+    metrics: dict = field(default_factory=dict)      # the latest evaluation: val_top1, val_top5, val_loss
+    best_val_top1: Optional[float] = None
+
+    @property
+    def epochs(self) -> int:
+        return -(-self.total_steps // self.steps_per_epoch)
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.total_steps
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def counters(self) -> dict:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step,
+                "samples_seen": self.samples_seen, "train_seconds": self.train_seconds,
+                "best_val_top1": self.best_val_top1, "metrics": dict(self.metrics)}
+
+    def load_counters(self, counters: dict) -> None:
+        for key, value in counters.items():
+            setattr(self, key, value)

@@ -1,0 +1,312 @@
+"""The training loop: builds a run from a Config, trains with DDP, AMP and channels-last,
+fires the events (algorithms/base.py) at the points they name, evaluates, checkpoints and
+resumes exactly. `Trainer(config, world, algorithms).fit()` returns the run's summary.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from algorithms.base import Event
+from pipeline import build_loader
+from training import distributed as dist
+from training.checkpoints import CheckpointStore, load as load_checkpoint
+from training.config import Config, ConfigError
+from training.engine import Engine
+from training.losses import build_loss
+from training.models import build_model
+from training.optim import build_optimizer, build_scheduler
+from training.rng import rng_state, seed_everything, set_rng_state
+from training.run_log import RunLog
+from training.state import State
+from training.typed_config import to_plain
+
+log = logging.getLogger("training")
+CHECKPOINT_FORMAT = 1
+
+
+class Trainer:
+    def __init__(self, config: Config, world: dist.World, algorithms=()):
+        self.config, self.world = config, world
+        device = world.device
+        if config.precision == "fp16" and device.type != "cuda":
+            raise ConfigError("precision=fp16 needs CUDA (it needs a GradScaler and CPUs lack fast fp16); use bf16")
+        torch.use_deterministic_algorithms(config.deterministic)
+        torch.backends.cudnn.benchmark = not config.deterministic
+        placement = dict(device=str(device), rank=world.rank, world_size=world.size, seed=config.seed)
+        train_loader = build_loader(config.data.loader_spec("train", **placement))
+        val_loader = build_loader(config.data.loader_spec("val", **placement))
+        if len(train_loader) == 0:
+            raise ConfigError(f"data.batch_size={config.data.batch_size} x {world.size} ranks is more than the "
+                              f"train split holds: no full batch per epoch")
+
+        torch.manual_seed(config.seed)          # the same initial weights on every rank
+        model = build_model(config.model.name, train_loader.num_classes, zero_init_residual=config.model.zero_init_residual,
+                            bce_bias_init=config.model.bce_bias_init, **_small_resnet_options(config))
+        model = model.to(device, memory_format=torch.channels_last if config.channels_last else torch.contiguous_format)
+        seed_everything(config.seed, world.rank)
+        self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
+            if world.distributed else None
+        train_model = self.ddp or model
+        if config.compile:
+            train_model = torch.compile(train_model)
+
+        global_batch = config.data.batch_size * world.size
+        optimizer = build_optimizer(model, config.optim, global_batch)
+        steps_per_epoch = len(train_loader)
+        total_steps = config.max_duration.to_batches(steps_per_epoch)
+        self.state = State(config=config, world=world, model=model, train_model=train_model, optimizer=optimizer,
+                           scheduler=build_scheduler(optimizer, config.optim, steps_per_epoch, total_steps),
+                           scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
+                           loss_fn=build_loss(config.loss), train_loader=train_loader, val_loader=val_loader,
+                           num_classes=train_loader.num_classes, steps_per_epoch=steps_per_epoch,
+                           total_steps=total_steps)
+        self.engine = Engine(algorithms)
+        self.store = CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
+        self.log = RunLog(Path(config.run_dir), world.is_main, config.log.progress, config.log.tensorboard)
+        precision = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+        self.autocast = lambda: torch.autocast(device.type, dtype=precision, enabled=precision is not None)
+        self._wall_before = 0.0               # wall time of earlier sessions of this run
+        self._session_start = time.perf_counter()
+
+    # --- the run --------------------------------------------------------------------------
+    def fit(self) -> dict:
+        state, config = self.state, self.config
+        self.log.write_config(to_plain(config))
+        self._resume()
+        self.log.print(f"training {config.model.name} on {config.data.backend}:{config.data.path or 'synthetic'}: "
+                       f"{state.epochs} epochs of {state.steps_per_epoch} steps, {self.world.size} process(es) "
+                       f"on {self.world.device}, global batch {config.data.batch_size * self.world.size}, "
+                       f"peak lr {state.optimizer.param_groups[0]['initial_lr']:.4g}")
+        self.engine.fire(Event.FIT_START, state)
+        eval_every = config.eval_interval.to_batches(state.steps_per_epoch, state.total_steps)
+        save_every = config.checkpoint.interval.to_batches(state.steps_per_epoch, state.total_steps)
+        last_eval = last_save = state.step if state.step else -1
+        while not state.finished:
+            if state.batch_in_epoch == 0:
+                state.train_loader.set_epoch(state.epoch)
+            self.engine.fire(Event.EPOCH_START, state)
+            self._train_epoch(save_every)
+            if state.batch_in_epoch == state.steps_per_epoch:
+                self.engine.fire(Event.EPOCH_END, state)
+                state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+            if _due(state.step, eval_every) or state.finished:
+                self.evaluate()
+                last_eval = state.step
+            if _due(state.step, save_every) or state.finished:
+                self.save_checkpoint()
+                last_save = state.step
+        if last_eval != state.step:                 # a resumed run that was already complete
+            self.evaluate()
+        if last_save != state.step:
+            self.save_checkpoint()
+        self.engine.fire(Event.FIT_END, state)
+        return self._summary()
+
+    def _train_epoch(self, save_every: int) -> None:
+        state, world, config = self.state, self.world, self.config
+        self.log.start_epoch(state.epoch, state.epochs, state.steps_per_epoch, state.batch_in_epoch)
+        timer = _Timer()
+        interval_start, interval_samples, interval_steps, epoch_samples = time.perf_counter(), 0, 0, 0
+        loss_sum = torch.zeros((), device=world.device)
+        for images, targets in state.train_loader:
+            state.images, state.targets = images, targets
+            self.engine.fire(Event.AFTER_DATALOADER, state)
+            loss_sum += self._optimizer_step()
+            samples = targets.shape[0] * world.size
+            state.step, state.batch_in_epoch = state.step + 1, state.train_loader.position
+            state.samples_seen += samples
+            interval_samples, interval_steps, epoch_samples = (interval_samples + samples, interval_steps + 1,
+                                                               epoch_samples + samples)
+            self.engine.fire(Event.BATCH_END, state)
+            if state.step % config.log.interval == 0 or state.batch_in_epoch == state.steps_per_epoch:
+                loss = dist.all_reduce_sum(loss_sum, world).item() / (world.size * interval_steps)
+                now = time.perf_counter()
+                record = {"epoch": state.epoch, "step": state.step, "train_loss": round(loss, 5), "lr": state.lr,
+                          "img_per_s": round(interval_samples / (now - interval_start), 1),
+                          "resolution": list(images.shape[-2:])}
+                self.log.metrics(record)
+                self.log.advance(0, loss=f"{loss:.3f}", img_s=f"{record['img_per_s']:.0f}", lr=f"{state.lr:.3g}",
+                                 res="x".join(map(str, record["resolution"])))
+                loss_sum.zero_()
+                interval_start, interval_samples, interval_steps = now, 0, 0
+            self.log.advance()
+            if _due(state.step, save_every) and not state.finished and state.batch_in_epoch < state.steps_per_epoch:
+                with timer.paused():
+                    self.save_checkpoint()
+            if state.finished:
+                break
+        self.log.end_epoch()
+        seconds = timer.seconds()
+        state.train_seconds += seconds
+        if epoch_samples:
+            self.log.print(f"epoch {state.epoch + 1}/{state.epochs}: {epoch_samples / seconds:,.0f} img/s, "
+                           f"lr {state.lr:.4g}, resolution {state.train_loader.resolution}")
+
+    def _optimizer_step(self) -> torch.Tensor:
+        """One optimizer step over the batch in state, in `grad_accum` micro-batches; the batch's mean loss."""
+        state, accum = self.state, self.config.grad_accum
+        images, targets = state.images, state.targets
+        state.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.world.device)
+        for i, (micro_images, micro_targets) in enumerate(zip(images.chunk(accum), targets.chunk(accum))):
+            last = i == accum - 1
+            with self.ddp.no_sync() if (self.ddp and not last) else contextlib.nullcontext():
+                state.images, state.targets = micro_images, micro_targets
+                self.engine.fire(Event.BEFORE_FORWARD, state)
+                with self.autocast():
+                    state.outputs = state.train_model(state.images)
+                    self.engine.fire(Event.BEFORE_LOSS, state)
+                    state.loss = state.loss_fn(state.outputs, state.targets)
+                self.engine.fire(Event.AFTER_LOSS, state)
+                state.scaler.scale(state.loss / accum).backward()
+                self.engine.fire(Event.AFTER_BACKWARD, state)
+                total += state.loss.detach().float() / accum
+        if state.scaler.is_enabled():
+            state.scaler.unscale_(state.optimizer)     # algorithms see true gradients
+        self.engine.fire(Event.BEFORE_OPTIMIZER_STEP, state)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        state.scheduler.step()
+        return total
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Top-1/top-5 over the whole val split: every sample counted once over all ranks."""
+        state, world = self.state, self.world
+        self.engine.fire(Event.EVAL_START, state)
+        state.model.eval()
+        totals = torch.zeros(4, dtype=torch.float64, device=world.device)   # top-1, top-5, loss, count
+        state.val_loader.set_epoch(0)
+        for images, targets in state.val_loader:
+            with self.autocast():
+                logits = state.model(images)
+            top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            totals += torch.stack([(top[:, 0] == targets).sum(), (top == targets[:, None]).any(1).sum(),
+                                   F.cross_entropy(logits.float(), targets, reduction="sum"),
+                                   torch.tensor(targets.shape[0], device=world.device)]).double()
+        correct1, correct5, loss, count = dist.all_reduce_sum(totals, world).tolist()
+        state.model.train()
+        state.metrics = {"val_top1": round(100 * correct1 / count, 3), "val_top5": round(100 * correct5 / count, 3),
+                         "val_loss": round(loss / count, 5)}
+        state.best_val_top1 = max(state.best_val_top1 or 0.0, state.metrics["val_top1"])
+        self.engine.fire(Event.EVAL_END, state)
+        self.log.metrics({"epoch": state.epoch - (state.batch_in_epoch == 0), "step": state.step, **state.metrics})
+        self.log.print(f"  eval after {state.step} steps: top-1 {state.metrics['val_top1']:.2f}%, "
+                       f"top-5 {state.metrics['val_top5']:.2f}%, loss {state.metrics['val_loss']:.4f}")
+        return state.metrics
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        """All ranks call this: their RNG states are gathered; rank 0 writes the file."""
+        state = self.state
+        rng_states = dist.gather_to_main(rng_state(), self.world)
+        if self.world.is_main:
+            counters = state.counters() | {"wall_seconds": self._wall_seconds()}
+            checkpoint = {"format": CHECKPOINT_FORMAT, "world_size": self.world.size, "config": to_plain(self.config),
+                          "counters": counters, "model": state.model.state_dict(),
+                          "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
+                          "scaler": state.scaler.state_dict(), "algorithms": self.engine.state_dict(),
+                          "loader": state.train_loader.state_dict(), "rng": rng_states}
+            self.store.save(checkpoint, state.epoch, state.step)
+        dist.barrier(self.world)
+
+    def _resume(self) -> None:
+        resume = self.config.resume
+        if resume == "never":
+            if self.store.checkpoints():
+                raise ConfigError(f"run_dir {self.config.run_dir} already has checkpoints; resume=auto continues "
+                                  f"that run, or pick another run_dir")
+            self.log.rewind(0)
+            return
+        found = self.store.load_newest() if resume == "auto" else (Path(resume), _load_named(resume))
+        if found is None:
+            self.log.rewind(0)
+            return
+        path, checkpoint = found
+        state = self.state
+        counters = checkpoint["counters"]
+        saved_world = checkpoint["world_size"]
+        if saved_world != self.world.size and counters["batch_in_epoch"]:
+            raise ConfigError(f"checkpoint {path} was taken mid-epoch with {saved_world} processes; "
+                              f"resume it with {saved_world}")
+        state.model.load_state_dict(checkpoint["model"])
+        state.optimizer.load_state_dict(checkpoint["optimizer"])
+        state.scheduler.load_state_dict(checkpoint["scheduler"])
+        state.scaler.load_state_dict(checkpoint["scaler"])
+        self.engine.load_state_dict(checkpoint["algorithms"])
+        self._wall_before = counters.pop("wall_seconds")
+        state.load_counters(counters)
+        if state.batch_in_epoch:
+            state.train_loader.load_state_dict(checkpoint["loader"])
+        set_rng_state(checkpoint["rng"][self.world.rank % saved_world])
+        self.log.rewind(state.step)
+        changed = _changed_keys(checkpoint["config"], to_plain(self.config))
+        self.log.print(f"resumed from {path}: epoch {state.epoch + 1}, step {state.step}"
+                       + (f" (config keys changed since: {', '.join(changed)})" if changed else ""))
+
+    def _wall_seconds(self) -> float:
+        return self._wall_before + time.perf_counter() - self._session_start
+
+    def _summary(self) -> dict:
+        state = self.state
+        summary = {"best_val_top1": state.best_val_top1, "last_val_top1": state.metrics.get("val_top1"),
+                   "last_val_top5": state.metrics.get("val_top5"), "wall_s": round(self._wall_seconds(), 2),
+                   "train_img_per_s": round(state.samples_seen / max(state.train_seconds, 1e-9), 1),
+                   "epochs": round(state.step / state.steps_per_epoch, 3), "steps": state.step,
+                   "world_size": self.world.size, "device": str(self.world.device)}
+        self.log.write_summary(summary)
+        self.log.print(f"done: top-1 {summary['last_val_top1']:.2f}% (best {summary['best_val_top1']:.2f}%), "
+                       f"{summary['epochs']:g} epochs in {summary['wall_s']:.1f} s, "
+                       f"{summary['train_img_per_s']:,.0f} train img/s, run dir {self.config.run_dir}")
+        return summary
+
+
+class _Timer:
+    """Seconds since creation, less the spans spent inside `paused()` (checkpoint writes)."""
+
+    def __init__(self):
+        self._start, self._paused = time.perf_counter(), 0.0
+
+    @contextlib.contextmanager
+    def paused(self):
+        start = time.perf_counter()
+        yield
+        self._paused += time.perf_counter() - start
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self._start - self._paused
+
+
+def _due(step: int, every: int) -> bool:
+    return every > 0 and step % every == 0
+
+
+def _small_resnet_options(config: Config) -> dict:
+    if config.model.name != "small_resnet":
+        return {}
+    return {"width": config.model.width, "blocks_per_stage": config.model.blocks_per_stage}
+
+
+def _load_named(path: str) -> dict:
+    try:
+        return load_checkpoint(Path(path))
+    except Exception as error:
+        raise ConfigError(f"resume={path}: cannot load it ({type(error).__name__}: {error})") from None
+
+
+def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _changed_keys(a, b, f"{prefix}{key}.")
+        elif a != b and key not in ("resume", "run_dir"):
+            keys.append(prefix + key)
+    return keys
