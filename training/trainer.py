@@ -80,7 +80,8 @@ class Trainer:
         state, config = self.state, self.config
         self.log.write_config(to_plain(config))
         self._resume()
-        self.log.print(f"training {config.model.name} on {config.data.backend}:{config.data.path or 'synthetic'}: "
+        source = config.data.backend + (f":{config.data.path}" if config.data.backend != "synthetic" else "")
+        self.log.print(f"training {config.model.name} on {source}: "
                        f"{state.epochs} epochs of {state.steps_per_epoch} steps, {self.world.size} process(es) "
                        f"on {self.world.device}, global batch {config.data.batch_size * self.world.size}, "
                        f"peak lr {state.optimizer.param_groups[0]['initial_lr']:.4g}")
