@@ -56,14 +56,18 @@ def test_backends_give_the_same_pixels_without_augmentation(converted_sets):
     |difference| <= 2.5 and no image worse than 6. What differs: FFCV stores JPEGs re-encoded
     at quality 90 and resizes with OpenCV INTER_AREA (measured 1.2 mean at 224 px, 1.7 at
     48 px, worst image 4.3); DALI's antialiased linear resize is not PIL's bilinear (0.1-0.2);
-    at 48 px the webdataset backend decodes at 1/4 DCT scale (0.8, worst image 3.2)."""
-    for side in (160, 48):
+    at 48 px the webdataset backend decodes at 1/4 DCT scale (0.8, worst image 3.2). The
+    48 px pass also checks that every backend honours `val_crop_ratio`."""
+    for side, crop_ratio in ((160, 224 / 256), (48, 0.6)):
         reference = None
         for backend, form in CASES:
             images, labels = epoch(loader_for(converted_sets, backend, form, split="val", batch_size=64,
-                                              val_resolution=side, **UNIT))[0]
+                                              val_resolution=side, val_crop_ratio=crop_ratio, **UNIT))[0]
             if reference is None:
                 reference = images.float(), labels
+                whole = epoch(loader_for(converted_sets, backend, form, split="val", batch_size=64,
+                                         val_resolution=side, val_crop_ratio=1.0, **UNIT))[0][0]
+                assert (whole.float() - reference[0]).abs().mean() > 10, "val_crop_ratio changed nothing"
                 continue
             assert torch.equal(labels, reference[1]), backend
             difference = (images.float() - reference[0]).abs()

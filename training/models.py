@@ -31,7 +31,15 @@ def shortcut(in_channels: int, out_channels: int, stride: int) -> nn.Sequential 
     return nn.Sequential(conv1x1(in_channels, out_channels, stride), nn.BatchNorm2d(out_channels))
 
 
-class BasicBlock(nn.Module):
+class ResidualBlock(nn.Module):
+    """relu(residual(x) + shortcut(x)); subclasses define `residual`, `downsample` and `last_bn`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu(self.residual(x) + identity)
+
+
+class BasicBlock(ResidualBlock):
     """Two 3x3 convs: relu(residual(x) + downsample(x)). ResNet-18/34 and the small ResNet."""
     expansion = 1
 
@@ -46,12 +54,8 @@ class BasicBlock(nn.Module):
     def residual(self, x: torch.Tensor) -> torch.Tensor:
         return self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.relu(self.residual(x) + identity)
 
-
-class Bottleneck(nn.Module):
+class Bottleneck(ResidualBlock):
     """1x1 reduce, 3x3, 1x1 expand (x4). The stride sits on the 3x3 conv ("ResNet v1.5", as in
     torchvision and the MLPerf/FFCV/Composer recipes), not on the first 1x1 as in the paper."""
     expansion = 4
@@ -70,10 +74,6 @@ class Bottleneck(nn.Module):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         return self.bn3(self.conv3(out))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.relu(self.residual(x) + identity)
 
 
 class ResNet(nn.Module):
@@ -117,7 +117,7 @@ def initialise(model: ResNet, num_classes: int, zero_init_residual: bool, bce_bi
         # gamma = 0 on the branch's last BN: residual(x) == 0, so each block starts as
         # relu(shortcut(x)) and the network as a shallow one; helps large-batch training.
         for module in model.modules():
-            if isinstance(module, (BasicBlock, Bottleneck)):
+            if isinstance(module, ResidualBlock):
                 nn.init.zeros_(module.last_bn.weight)
     if bce_bias_init:
         # Sigmoid outputs start near 1/num_classes, the prior of each one-vs-rest target, so
