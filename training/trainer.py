@@ -78,8 +78,8 @@ class Trainer:
     # --- the run --------------------------------------------------------------------------
     def fit(self) -> dict:
         state, config = self.state, self.config
+        self._resume()                              # may refuse before anything is written
         self.log.write_config(to_plain(config))
-        self._resume()
         source = config.data.backend + (f":{config.data.path}" if config.data.backend != "synthetic" else "")
         self.log.print(f"training {config.model.name} on {source}: "
                        f"{state.epochs} epochs of {state.steps_per_epoch} steps, {self.world.size} process(es) "
