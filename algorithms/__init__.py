@@ -5,12 +5,14 @@ engine runs them; `build_algorithms` turns that mapping into hook objects.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Mapping
 
 from algorithms.base import Algorithm, Event
 
-# name in a recipe -> hook class; each method's module registers itself here
-REGISTRY: dict[str, type[Algorithm]] = {}
+# name in a recipe -> (module, hook class); imported only when a recipe asks for it
+REGISTRY: dict[str, tuple[str, str]] = {
+}
 
 
 def check_algorithm_names(settings: Mapping[str, Mapping]) -> None:
@@ -20,11 +22,13 @@ def check_algorithm_names(settings: Mapping[str, Mapping]) -> None:
 
 
 def build_algorithms(settings: Mapping[str, Mapping]) -> list[Algorithm]:
+    """Hook objects for `name: {setting: value}` entries, in order; a bad setting is a ValueError."""
     check_algorithm_names(settings)
     algorithms = []
     for name, options in settings.items():
+        module, class_name = REGISTRY[name]
         try:
-            algorithms.append(REGISTRY[name](**(options or {})))
+            algorithms.append(getattr(importlib.import_module(module), class_name)(**(options or {})))
         except TypeError as error:
             raise ValueError(f"algorithm {name!r}: {error}") from None
     return algorithms

@@ -16,7 +16,9 @@ import enum
 
 
 class Event(str, enum.Enum):
-    FIT_START = "fit_start"
+    INIT = "init"                                        # model and loaders built; no DDP, optimizer or
+                                                         # total_steps yet: model surgery, loader settings
+    FIT_START = "fit_start"                              # checkpoint (if any) loaded
     EPOCH_START = "epoch_start"                          # after loader.set_epoch(epoch)
     AFTER_DATALOADER = "after_dataloader"                # the whole batch, on the device
     BEFORE_FORWARD = "before_forward"                    # per micro-batch from here ...

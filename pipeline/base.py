@@ -18,6 +18,7 @@ import torch
 from pipeline.colout import colout_batch, kept_size
 from pipeline.crops import sample_seed
 from pipeline.datasets import CorruptSample
+from pipeline.schedules import resolution_schedule
 from pipeline.spec import LoaderSpec
 
 log = logging.getLogger("pipeline")
@@ -32,6 +33,7 @@ class Loader:
         self._resume_from = 0
         self.corrupt_in_epoch = 0         # samples skipped as undecodable, this epoch
         self.corrupt_total = 0
+        self._started = False             # set at the first iteration: from then on the spec is fixed
         self.device = torch.device(spec.device)
         self._mean = 255 * torch.tensor(spec.mean, device=self.device).view(1, 3, 1, 1)
         self._inv_std = 1 / (255 * torch.tensor(spec.std, device=self.device).view(1, 3, 1, 1))
@@ -63,7 +65,22 @@ class Loader:
         self.epoch, self.position, self._resume_from = epoch, 0, 0
         self._prepare_epoch(epoch)
 
+    def reconfigure(self, *, resolution=None, colout=None) -> None:
+        """Change the train resolution (an int, schedule or schedule mapping) or ColOut shares
+        before the first iteration: how loader-side algorithms (progressive resizing, ColOut)
+        act. The spec object is changed in place, so worker processes, which start at the first
+        iteration and hold the same spec, see the change."""
+        if self._started:
+            raise RuntimeError("a loader can only be reconfigured before its first iteration")
+        if resolution is not None:
+            self.spec.resolution, self.spec.schedule = resolution, resolution_schedule(resolution)
+        if colout is not None:
+            kept_size(8, 8, *colout)  # validates the shares
+            self.spec.colout = tuple(colout)
+        self._prepare_epoch(self.epoch)
+
     def __iter__(self):
+        self._started = True
         start, self._resume_from = self._resume_from, 0
         self.position, self.corrupt_in_epoch = start, 0
         for index, images, labels in self._batches(self.epoch, start):

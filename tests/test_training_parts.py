@@ -134,7 +134,7 @@ def test_loop_fires_events_in_order_and_counts(tmp_path):
     step = [Event.AFTER_DATALOADER] + [Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
                                        Event.AFTER_BACKWARD] * 2 + [Event.BEFORE_OPTIMIZER_STEP, Event.BATCH_END]
     epoch = [Event.EPOCH_START] + step * 6 + [Event.EPOCH_END, Event.EVAL_START, Event.EVAL_END]
-    assert events == [Event.FIT_START] + epoch * 2 + [Event.FIT_END]
+    assert events == [Event.INIT, Event.FIT_START] + epoch * 2 + [Event.FIT_END]
     assert summary["steps"] == 12 and summary["epochs"] == 2 and summary["world_size"] == 1
     assert trainer.state.lr == pytest.approx(0.0, abs=1e-9)        # cosine ran to its end, step-wise
     assert math.isfinite(summary["last_val_top1"])

@@ -18,19 +18,22 @@ from training.distributed import World
 
 @dataclass
 class State:
-    config: Config
+    config: Config                         # at INIT algorithms may still change durations and settings
     world: World
-    model: nn.Module                       # the bare model (algorithms change its modules)
-    train_model: nn.Module                 # what the loop calls: DDP / torch.compile around `model`
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    model: nn.Module                       # the bare model (algorithms change its modules at INIT)
     train_loader: Any
     val_loader: Any
     num_classes: int
     steps_per_epoch: int
-    total_steps: int
+    algorithms: list = field(default_factory=list)
+    autocast: Callable[[], Any] = None     # the run's autocast context (what the loop runs forward under)
+    # made after INIT
+    train_model: Optional[nn.Module] = None                     # DDP / torch.compile around `model`
+    optimizer: Optional[torch.optim.Optimizer] = None
+    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None
+    scaler: Optional[torch.amp.GradScaler] = None
+    loss_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    total_steps: int = 0
     # counters
     epoch: int = 0
     batch_in_epoch: int = 0

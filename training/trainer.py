@@ -51,27 +51,29 @@ class Trainer:
                             bce_bias_init=config.model.bce_bias_init, **_small_resnet_options(config))
         model = model.to(device, memory_format=torch.channels_last if config.channels_last else torch.contiguous_format)
         seed_everything(config.seed, world.rank)
-        self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
-            if world.distributed else None
-        train_model = self.ddp or model
-        if config.compile:
-            train_model = torch.compile(train_model)
-
-        global_batch = config.data.batch_size * world.size
-        optimizer = build_optimizer(model, config.optim, global_batch)
-        steps_per_epoch = len(train_loader)
-        total_steps = config.max_duration.to_batches(steps_per_epoch)
-        self.state = State(config=config, world=world, model=model, train_model=train_model, optimizer=optimizer,
-                           scheduler=build_scheduler(optimizer, config.optim, steps_per_epoch, total_steps),
-                           scaler=torch.amp.GradScaler(device.type, enabled=config.precision == "fp16"),
-                           loss_fn=build_loss(config.loss), train_loader=train_loader, val_loader=val_loader,
-                           num_classes=train_loader.num_classes, steps_per_epoch=steps_per_epoch,
-                           total_steps=total_steps)
-        self.engine = Engine(algorithms)
-        self.store = CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
-        self.log = RunLog(Path(config.run_dir), world.is_main, config.log.progress, config.log.tensorboard)
         precision = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
         self.autocast = lambda: torch.autocast(device.type, dtype=precision, enabled=precision is not None)
+        state = self.state = State(config=config, world=world, model=model, train_loader=train_loader,
+                                   val_loader=val_loader, num_classes=train_loader.num_classes,
+                                   steps_per_epoch=len(train_loader), algorithms=list(algorithms),
+                                   autocast=self.autocast)
+        self.engine = Engine(algorithms)
+        # Model surgery, loader settings and duration changes happen here, before anything
+        # holds on to the model's parameters or to the run's length.
+        self.engine.fire(Event.INIT, state)
+
+        self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
+            if world.distributed else None
+        state.train_model = self.ddp or model
+        if config.compile:
+            state.train_model = torch.compile(state.train_model)
+        state.total_steps = config.max_duration.to_batches(state.steps_per_epoch)
+        state.optimizer = build_optimizer(model, config.optim, config.data.batch_size * world.size)
+        state.scheduler = build_scheduler(state.optimizer, config.optim, state.steps_per_epoch, state.total_steps)
+        state.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+        state.loss_fn = build_loss(config.loss)
+        self.store = CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
+        self.log = RunLog(Path(config.run_dir), world.is_main, config.log.progress, config.log.tensorboard)
         self._wall_before = 0.0               # wall time of earlier sessions of this run
         self._session_start = time.perf_counter()
 
