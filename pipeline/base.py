@@ -65,10 +65,10 @@ class Loader:
         self.epoch, self.position, self._resume_from = epoch, 0, 0
         self._prepare_epoch(epoch)
 
-    def reconfigure(self, *, resolution=None, colout=None) -> None:
-        """Change the train resolution (an int, schedule or schedule mapping) or ColOut shares
-        before the first iteration: how loader-side algorithms (progressive resizing, ColOut)
-        act. The spec object is changed in place, so worker processes, which start at the first
+    def reconfigure(self, *, resolution=None, colout=None, val_resolution=None, val_crop_ratio=None) -> None:
+        """Change the train resolution (an int, schedule or schedule mapping), the ColOut shares,
+        or the val resolution and crop before the first iteration: how loader-side algorithms
+        (progressive resizing, ColOut, FixRes) act. The spec object is changed in place, so worker processes, which start at the first
         iteration and hold the same spec, see the change."""
         if self._started:
             raise RuntimeError("a loader can only be reconfigured before its first iteration")
@@ -77,6 +77,12 @@ class Loader:
         if colout is not None:
             kept_size(8, 8, *colout)  # validates the shares
             self.spec.colout = tuple(colout)
+        if val_resolution is not None:
+            self.spec.val_resolution = val_resolution
+        if val_crop_ratio is not None:
+            if not 0 < val_crop_ratio <= 1:
+                raise ValueError(f"val_crop_ratio must be in (0, 1], got {val_crop_ratio}")
+            self.spec.val_crop_ratio = val_crop_ratio
         self._prepare_epoch(self.epoch)
 
     def __iter__(self):

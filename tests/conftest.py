@@ -13,6 +13,38 @@ TOOLS = ROOT / "tools"
 sys.path.insert(0, str(TOOLS))
 
 
+def batch_recorder(event):
+    """An algorithm that keeps a copy of (state.images, state.targets) each time `event` fires."""
+    from algorithms.base import Algorithm
+
+    class BatchRecorder(Algorithm):
+        def __init__(self):
+            self.seen = []
+
+        def match(self, fired, state):
+            return fired == event
+
+        def apply(self, fired, state):
+            self.seen.append((state.images.clone(), state.targets.clone()))
+
+    return BatchRecorder()
+
+
+def tiny_trainer(tmp_path, algorithms, *overrides):
+    """An in-process, one-process Trainer on synthetic data: a tiny small ResNet, 2 epochs of 4
+    steps at 16 px; `overrides` are config overrides as on the command line."""
+    import torch
+    from training.config import load_config
+    from training.distributed import World
+    from training.trainer import Trainer
+    config = load_config(None, ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=32",
+                                "data.batch_size=8", "data.resolution=16", "data.val_resolution=16",
+                                "model.name=small_resnet", "model.width=4", "model.blocks_per_stage=1",
+                                "max_duration=2ep", "precision=fp32", "log.progress=false", "log.tensorboard=false",
+                                f"run_dir={tmp_path}", *overrides])
+    return Trainer(config, World(0, 0, 1, torch.device("cpu")), algorithms)
+
+
 def run_tool(script: str, *args, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
     """python tools/SCRIPT ARGS..., as a user runs it; stdout and stderr captured as text."""
     result = subprocess.run([sys.executable, str(TOOLS / script), *map(str, args)],

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from algorithms import clashes
 from algorithms.base import Event
 from pipeline import build_loader
 from training import distributed as dist
@@ -58,6 +59,8 @@ class Trainer:
                                    steps_per_epoch=len(train_loader), algorithms=list(algorithms),
                                    autocast=self.autocast)
         self.engine = Engine(algorithms)
+        for warning in clashes(config.algorithms, config.loss.label_smoothing) if world.is_main else ():
+            log.warning("algorithms clash: %s", warning)
         # Model surgery, loader settings and duration changes happen here, before anything
         # holds on to the model's parameters or to the run's length.
         self.engine.fire(Event.INIT, state)

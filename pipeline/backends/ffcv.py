@@ -124,16 +124,26 @@ class FFCVLoader(Loader):
             self.decoder = SeededRandomResizedCrop((side, side), spec.scale, spec.ratio, spec.seed)
         else:
             self.decoder = CenterCropRGBImageDecoder((side, side), ratio=spec.val_crop_ratio)
-        to_device = [ToDevice(torch.device(spec.device), non_blocking=True)] if spec.device.startswith("cuda") else []
+        self.beton = beton
         self.order = _FixedOrder()
         self._ids = np.zeros(0, dtype=np.int64)
+        self._ffcv = None
         super().__init__(spec, len(data.classes))
-        self.ffcv = FFCVBaseLoader(
-            str(beton), batch_size=spec.batch_size, num_workers=max(1, spec.num_workers), os_cache=True,
-            order=OrderOption.SEQUENTIAL, drop_last=False,
-            pipelines={"image": [self.decoder, ToTensor(), ToTorchImage(channels_last=True), *to_device],
-                       "label": [IntDecoder(), ToTensor(), *to_device]})
-        self.ffcv.traversal_order = self.order
+
+    @property
+    def ffcv(self) -> FFCVBaseLoader:
+        """FFCV's loader, built (and its pipeline compiled) at the first iteration, so that
+        `reconfigure` can still change what the compiled code bakes in (the val crop ratio)."""
+        if self._ffcv is None:
+            spec = self.spec
+            to_device = [ToDevice(torch.device(spec.device), non_blocking=True)] if spec.device.startswith("cuda") else []
+            self._ffcv = FFCVBaseLoader(
+                str(self.beton), batch_size=spec.batch_size, num_workers=max(1, spec.num_workers), os_cache=True,
+                order=OrderOption.SEQUENTIAL, drop_last=False,
+                pipelines={"image": [self.decoder, ToTensor(), ToTorchImage(channels_last=True), *to_device],
+                           "label": [IntDecoder(), ToTensor(), *to_device]})
+            self._ffcv.traversal_order = self.order
+        return self._ffcv
 
     def _prepare_epoch(self, epoch: int) -> None:
         spec = self.spec
@@ -142,6 +152,8 @@ class FFCVLoader(Loader):
         self.decoder.output_size = (self.side, self.side)
         if spec.train:
             self.decoder.epoch[0] = epoch
+        else:
+            self.decoder.ratio = spec.val_crop_ratio
 
     def __len__(self) -> int:
         return batch_count(len(self._ids), self.spec.batch_size, drop_last=False)

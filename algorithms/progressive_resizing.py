@@ -1,0 +1,76 @@
+"""ProgressiveResizing: train at low resolution first, at full resolution at the end.
+
+What: the train images' side follows MosaicML's ramp: `initial_scale` of the full side for
+the first `delay_fraction` of training, rising linearly to full size at the start of the
+last `finetune_fraction`, rounded to a multiple of `size_increment`.
+Two variants, so they can be compared:
+- `mode="loader"` (default): the loader decodes and crops straight to the scheduled size
+  (pipeline/schedules.ComposerRamp, at epoch granularity). Decode and augmentation get
+  cheaper too, which is where a data-bound run gains.
+- `mode="batch"`: Composer's form: full-size batches are resized on the device after loading
+  (bilinear, antialiased), at step granularity. Only the model's work shrinks.
+When it helps: model-bound runs of CNNs (cost falls roughly with the pixel count); the
+finetune phase at full size recovers the train/test resolution gap (see also FixRes).
+Costs: accuracy at equal epochs, for speed; batch-side wastes decode at full size.
+Defaults (Composer, and the MosaicML ResNet-50 mild recipe): initial_scale 0.5,
+delay_fraction 0.5 (mild: 0.4), finetune_fraction 0.2, size_increment 4.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from algorithms.base import Algorithm, Event
+from pipeline.schedules import ComposerRamp
+
+
+def ramp_scale(progress: float, initial_scale: float, delay_fraction: float, finetune_fraction: float) -> float:
+    """The side's share of full size at `progress` (0..1 of training), Composer's ramp."""
+    ramp = 1 - delay_fraction - finetune_fraction
+    if progress < delay_fraction:
+        return initial_scale
+    if ramp <= 0 or progress >= 1 - finetune_fraction:
+        return 1.0
+    return initial_scale + (1 - initial_scale) * (progress - delay_fraction) / ramp
+
+
+def resize_batch(images: torch.Tensor, side: int) -> torch.Tensor:
+    """(N, C, H, W) -> (N, C, side, side), antialiased bilinear, memory format kept."""
+    if images.shape[-2:] == (side, side):
+        return images
+    resized = F.interpolate(images, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
+    return resized.contiguous(memory_format=torch.channels_last) \
+        if images.is_contiguous(memory_format=torch.channels_last) else resized
+
+
+class ProgressiveResizing(Algorithm):
+    def __init__(self, mode: str = "loader", initial_scale: float = 0.5, delay_fraction: float = 0.5,
+                 finetune_fraction: float = 0.2, size_increment: int = 4):
+        if mode not in ("loader", "batch"):
+            raise ValueError(f"mode must be 'loader' or 'batch', got {mode!r}")
+        ComposerRamp(64, 1, initial_scale, delay_fraction, finetune_fraction, size_increment)  # validates
+        self.mode, self.initial_scale, self.delay_fraction = mode, initial_scale, delay_fraction
+        self.finetune_fraction, self.size_increment = finetune_fraction, size_increment
+
+    def match(self, event: Event, state) -> bool:
+        return event == (Event.INIT if self.mode == "loader" else Event.AFTER_DATALOADER)
+
+    def apply(self, event: Event, state) -> None:
+        if event == Event.INIT:
+            final = state.config.data.resolution
+            if not isinstance(final, int):
+                raise ValueError("progressive_resizing (loader mode) needs data.resolution to be an int, "
+                                 "not a schedule: it makes the schedule itself")
+            epochs = math.ceil(state.config.max_duration.to_batches(state.steps_per_epoch) / state.steps_per_epoch)
+            state.train_loader.reconfigure(resolution={
+                "form": "composer", "final_res": final, "total_epochs": epochs, "initial_scale": self.initial_scale,
+                "delay_fraction": self.delay_fraction, "finetune_fraction": self.finetune_fraction,
+                "size_increment": self.size_increment})
+            return
+        full = state.images.shape[-1]
+        scale = ramp_scale(state.step / state.total_steps, self.initial_scale, self.delay_fraction,
+                           self.finetune_fraction)
+        side = max(self.size_increment, round(full * scale / self.size_increment) * self.size_increment)
+        state.images = resize_batch(state.images, min(side, full))

@@ -1,0 +1,71 @@
+"""The loader-side algorithms (progressive resizing, ColOut) and their batch-side twins, in a
+real in-process run, and the clash warnings."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from algorithms import build_algorithms, clashes
+from algorithms.base import Algorithm, Event
+from algorithms.progressive_resizing import ramp_scale, resize_batch
+from training.config import load_config
+from training.distributed import World
+from training.trainer import Trainer
+
+
+class Shapes(Algorithm):
+    """Records the batch's spatial shape at each step's first forward."""
+
+    def __init__(self):
+        self.seen = []
+
+    def match(self, event, state):
+        return event == Event.BEFORE_FORWARD
+
+    def apply(self, event, state):
+        self.seen.append(tuple(state.images.shape[-2:]))
+
+
+def run(tmp_path, settings: dict, *overrides) -> list:
+    config = load_config(None, ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=16",
+                                "data.batch_size=8", "data.resolution=32", "data.val_resolution=32",
+                                "model.name=small_resnet", "model.width=4", "model.blocks_per_stage=1",
+                                "max_duration=10ep", "precision=fp32", "log.progress=false",
+                                "log.tensorboard=false", f"run_dir={tmp_path}", *overrides])
+    shapes = Shapes()
+    Trainer(config, World(0, 0, 1, torch.device("cpu")), build_algorithms(settings) + [shapes]).fit()
+    return shapes.seen
+
+
+def test_ramp_and_resize():
+    assert ramp_scale(0.1, 0.5, 0.4, 0.2) == 0.5
+    assert ramp_scale(0.6, 0.5, 0.4, 0.2) == pytest.approx(0.75)
+    assert ramp_scale(0.85, 0.5, 0.4, 0.2) == 1.0
+    images = torch.rand(2, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    out = resize_batch(images, 16)
+    assert out.shape == (2, 3, 16, 16) and out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_progressive_resizing_loader_and_batch_follow_the_same_ramp(tmp_path):
+    options = {"initial_scale": 0.5, "delay_fraction": 0.4, "finetune_fraction": 0.2, "size_increment": 4}
+    loader = run(tmp_path / "loader", {"progressive_resizing": {"mode": "loader", **options}})
+    batch = run(tmp_path / "batch", {"progressive_resizing": {"mode": "batch", **options}})
+    expected = [16] * 5 + [20, 24, 28, 32, 32]      # ten epochs of two steps, one side per epoch
+    assert [side for side, _ in loader[::2]] == expected
+    assert [side for side, _ in batch[::2]] == expected
+
+
+def test_colout_loader_and_batch_side(tmp_path):
+    for mode in ("loader", "batch"):
+        seen = run(tmp_path / mode, {"colout": {"p_row": 0.25, "p_col": 0.5, "mode": mode}}, "max_duration=1ep")
+        assert set(seen) == {(24, 16)}, mode
+
+
+def test_clash_warnings(tmp_path, caplog):
+    assert clashes(["mixup"], label_smoothing=0.1) and clashes(["mixup", "cutmix"])
+    assert clashes(["colout", "progressive_resizing"]) == []
+    with caplog.at_level(logging.WARNING, logger="training"):
+        run(tmp_path, {}, "max_duration=1ep", "loss.label_smoothing=0.1", "algorithms.colout={}")
+    assert "clash" not in caplog.text
