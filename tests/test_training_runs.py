@@ -50,7 +50,7 @@ def read_jsonl(path: Path) -> list[dict]:
     (["precision=fp8"], "config key 'precision': expected one of 'fp32', 'bf16', 'fp16'"),
     (["max_duration=3 epochs"], "bad duration '3 epochs'"),
     (["data.path=/no/such/dir"], "/no/such/dir: no such directory"),
-    (["algorithms.mixup={}"], "unknown algorithm 'mixup'"),
+    (["algorithms.mixupp={}"], "unknown algorithm 'mixupp'"),
 ])
 def test_config_errors_are_one_line_and_exit_2(overrides, message, tmp_path):
     result = main_py("--config", RECIPE, f"run_dir={tmp_path / 'run'}", *overrides)
