@@ -23,17 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.base import Algorithm, Event
-from pipeline.schedules import ComposerRamp
-
-
-def ramp_scale(progress: float, initial_scale: float, delay_fraction: float, finetune_fraction: float) -> float:
-    """The side's share of full size at `progress` (0..1 of training), Composer's ramp."""
-    ramp = 1 - delay_fraction - finetune_fraction
-    if progress < delay_fraction:
-        return initial_scale
-    if ramp <= 0 or progress >= 1 - finetune_fraction:
-        return 1.0
-    return initial_scale + (1 - initial_scale) * (progress - delay_fraction) / ramp
+from pipeline.schedules import ComposerRamp, ramp_scale  # noqa: F401  (ramp_scale: the ramp itself)
 
 
 def resize_batch(images: torch.Tensor, side: int) -> torch.Tensor:
@@ -69,8 +59,6 @@ class ProgressiveResizing(Algorithm):
                 "delay_fraction": self.delay_fraction, "finetune_fraction": self.finetune_fraction,
                 "size_increment": self.size_increment})
             return
-        full = state.images.shape[-1]
-        scale = ramp_scale(state.step / state.total_steps, self.initial_scale, self.delay_fraction,
-                           self.finetune_fraction)
-        side = max(self.size_increment, round(full * scale / self.size_increment) * self.size_increment)
-        state.images = resize_batch(state.images, min(side, full))
+        ramp = ComposerRamp(state.images.shape[-1], 1, self.initial_scale, self.delay_fraction,
+                            self.finetune_fraction, self.size_increment)
+        state.images = resize_batch(state.images, ramp.side_at(state.step / state.total_steps))

@@ -11,6 +11,7 @@ iteration yield batches k+1... of the same epoch, as the uninterrupted run would
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -18,7 +19,6 @@ import torch
 from pipeline.colout import colout_batch, kept_size
 from pipeline.crops import sample_seed
 from pipeline.datasets import CorruptSample
-from pipeline.schedules import resolution_schedule
 from pipeline.spec import LoaderSpec
 
 log = logging.getLogger("pipeline")
@@ -68,21 +68,15 @@ class Loader:
     def reconfigure(self, *, resolution=None, colout=None, val_resolution=None, val_crop_ratio=None) -> None:
         """Change the train resolution (an int, schedule or schedule mapping), the ColOut shares,
         or the val resolution and crop before the first iteration: how loader-side algorithms
-        (progressive resizing, ColOut, FixRes) act. The spec object is changed in place, so worker processes, which start at the first
-        iteration and hold the same spec, see the change."""
+        (progressive resizing, ColOut, FixRes) act. The spec object is changed in place, so
+        worker processes, which start at the first iteration and hold the same spec, see it."""
         if self._started:
             raise RuntimeError("a loader can only be reconfigured before its first iteration")
-        if resolution is not None:
-            self.spec.resolution, self.spec.schedule = resolution, resolution_schedule(resolution)
-        if colout is not None:
-            kept_size(8, 8, *colout)  # validates the shares
-            self.spec.colout = tuple(colout)
-        if val_resolution is not None:
-            self.spec.val_resolution = val_resolution
-        if val_crop_ratio is not None:
-            if not 0 < val_crop_ratio <= 1:
-                raise ValueError(f"val_crop_ratio must be in (0, 1], got {val_crop_ratio}")
-            self.spec.val_crop_ratio = val_crop_ratio
+        changes = dict(resolution=resolution, colout=colout, val_resolution=val_resolution,
+                       val_crop_ratio=val_crop_ratio)
+        # LoaderSpec's own checks run on a copy; only a valid spec is copied into the shared one.
+        checked = dataclasses.replace(self.spec, **{key: value for key, value in changes.items() if value is not None})
+        vars(self.spec).update(vars(checked))
         self._prepare_epoch(self.epoch)
 
     def __iter__(self):

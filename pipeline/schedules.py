@@ -71,19 +71,26 @@ class ComposerRamp:
         _check(self.size_increment >= 1, f"size_increment must be >= 1, got {self.size_increment}")
 
     def scale(self, epoch: int) -> float:
-        elapsed = epoch / self.total_epochs
-        ramp = 1 - self.finetune_fraction - self.delay_fraction
-        if elapsed < self.delay_fraction:
-            progress = 0.0
-        elif ramp <= 0:
-            progress = 1.0
-        else:
-            progress = min((elapsed - self.delay_fraction) / ramp, 1.0)
-        return self.initial_scale + (1 - self.initial_scale) * progress
+        return ramp_scale(epoch / self.total_epochs, self.initial_scale, self.delay_fraction, self.finetune_fraction)
+
+    def side_at(self, elapsed: float) -> int:
+        """The side when a share `elapsed` (0..1) of training is done: at any granularity."""
+        scale = ramp_scale(elapsed, self.initial_scale, self.delay_fraction, self.finetune_fraction)
+        side = round(self.final_res * scale / self.size_increment) * self.size_increment
+        return max(self.size_increment, min(side, self.final_res))
 
     def __call__(self, epoch: int) -> int:
-        side = round(self.final_res * self.scale(epoch) / self.size_increment) * self.size_increment
-        return max(self.size_increment, min(side, self.final_res))
+        return self.side_at(epoch / self.total_epochs)
+
+
+def ramp_scale(elapsed: float, initial_scale: float, delay_fraction: float, finetune_fraction: float) -> float:
+    """The side's share of full size when a share `elapsed` of training is done (Composer's ramp)."""
+    ramp = 1 - delay_fraction - finetune_fraction
+    if elapsed < delay_fraction:
+        return initial_scale
+    if ramp <= 0 or elapsed >= 1 - finetune_fraction:
+        return 1.0
+    return initial_scale + (1 - initial_scale) * (elapsed - delay_fraction) / ramp
 
 
 FORMS = {"ffcv": FFCVRamp, "composer": ComposerRamp}

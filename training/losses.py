@@ -8,20 +8,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from algorithms.label_smoothing import smooth_labels
 from training.config import LossConfig
-
-
-def smoothed_targets(targets: torch.Tensor, num_classes: int, smoothing: float, dtype=torch.float32) -> torch.Tensor:
-    """Class probabilities: one-hot (or the given probabilities) mixed with the uniform distribution."""
-    if targets.ndim == 1:
-        targets = F.one_hot(targets, num_classes).to(dtype)
-    return targets * (1 - smoothing) + smoothing / num_classes if smoothing else targets
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     if targets.ndim == 1:
         return F.cross_entropy(logits, targets, label_smoothing=label_smoothing)
-    probabilities = smoothed_targets(targets, logits.shape[1], label_smoothing, logits.dtype)
+    probabilities = smooth_labels(targets, logits.shape[1], label_smoothing)
     return torch.sum(-probabilities * F.log_softmax(logits, dim=1), dim=1).mean()
 
 
@@ -30,7 +24,7 @@ def binary_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, label_smoo
     """One sigmoid per class. `sum_over_classes` sums over classes and averages over the batch
     (the scale of cross-entropy, which MosaicML's BCE recipes tune their LR for); `mean`
     averages over both, which makes the loss num_classes times smaller."""
-    probabilities = smoothed_targets(targets, logits.shape[1], label_smoothing, logits.dtype)
+    probabilities = smooth_labels(targets, logits.shape[1], label_smoothing)
     losses = F.binary_cross_entropy_with_logits(logits, probabilities, reduction="none")
     return losses.sum() / logits.shape[0] if reduction == "sum_over_classes" else losses.mean()
 

@@ -7,10 +7,10 @@ convs are plain nn.Conv2d and the stem's pool an nn.MaxPool2d, which is what Blu
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
+
+from algorithms.bce import init_logit_bias
 
 MODELS = ("resnet18", "resnet50", "small_resnet")
 
@@ -122,7 +122,7 @@ def initialise(model: ResNet, num_classes: int, zero_init_residual: bool, bce_bi
     if bce_bias_init:
         # Sigmoid outputs start near 1/num_classes, the prior of each one-vs-rest target, so
         # BCE does not begin by pushing every logit down (Composer's "linear_log_constant_bias").
-        nn.init.constant_(model.fc.bias, -math.log(num_classes))
+        init_logit_bias(model.fc, num_classes)
 
 
 def build_model(name: str, num_classes: int, *, zero_init_residual: bool = True,

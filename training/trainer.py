@@ -194,9 +194,9 @@ class Trainer:
             with self.autocast():
                 logits = state.model(images)
             top = logits.topk(min(5, logits.shape[1]), dim=1).indices
-            totals += torch.stack([(top[:, 0] == targets).sum(), (top == targets[:, None]).any(1).sum(),
-                                   F.cross_entropy(logits.float(), targets, reduction="sum"),
-                                   torch.tensor(targets.shape[0], device=world.device)]).double()
+            totals[:3] += torch.stack([(top[:, 0] == targets).sum(), (top == targets[:, None]).any(1).sum(),
+                                       F.cross_entropy(logits.float(), targets, reduction="sum")]).double()
+            totals[3] += targets.shape[0]
         correct1, correct5, loss, count = dist.all_reduce_sum(totals, world).tolist()
         state.model.train()
         state.metrics = {"val_top1": round(100 * correct1 / count, 3), "val_top5": round(100 * correct5 / count, 3),
