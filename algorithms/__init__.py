@@ -20,6 +20,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "label_smoothing": ("algorithms.label_smoothing", "LabelSmoothing"),
     "progressive_resizing": ("algorithms.progressive_resizing", "ProgressiveResizing"),
     "colout": ("algorithms.colout", "ColOut"),
+    "randaugment": ("algorithms.randaugment", "RandAugment"),
     "fixres": ("algorithms.fixres", "FixRes"),
     "mixup": ("algorithms.mixup", "MixUp"),
     "cutmix": ("algorithms.cutmix", "CutMix"),

@@ -65,15 +65,16 @@ class Loader:
         self.epoch, self.position, self._resume_from = epoch, 0, 0
         self._prepare_epoch(epoch)
 
-    def reconfigure(self, *, resolution=None, colout=None, val_resolution=None, val_crop_ratio=None) -> None:
+    def reconfigure(self, *, resolution=None, colout=None, randaugment=None, val_resolution=None,
+                    val_crop_ratio=None) -> None:
         """Change the train resolution (an int, schedule or schedule mapping), the ColOut shares,
-        or the val resolution and crop before the first iteration: how loader-side algorithms
-        (progressive resizing, ColOut, FixRes) act. The spec object is changed in place, so
+        RandAugment's (depth, severity), or the val resolution and crop before the first
+        iteration: how loader-side algorithms (progressive resizing, ColOut, RandAugment, FixRes) act. The spec object is changed in place, so
         worker processes, which start at the first iteration and hold the same spec, see it."""
         if self._started:
             raise RuntimeError("a loader can only be reconfigured before its first iteration")
-        changes = dict(resolution=resolution, colout=colout, val_resolution=val_resolution,
-                       val_crop_ratio=val_crop_ratio)
+        changes = dict(resolution=resolution, colout=colout, randaugment=randaugment,
+                       val_resolution=val_resolution, val_crop_ratio=val_crop_ratio)
         # LoaderSpec's own checks run on a copy; only a valid spec is copied into the shared one.
         checked = dataclasses.replace(self.spec, **{key: value for key, value in changes.items() if value is not None})
         vars(self.spec).update(vars(checked))

@@ -8,6 +8,7 @@ import torch
 
 from pipeline.colout import kept_size
 from pipeline.crops import CENTER_CROP_RATIO
+from pipeline.randaugment import check_randaugment
 from pipeline.schedules import Schedule, resolution_schedule
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -28,6 +29,7 @@ class LoaderSpec:
     scale: tuple[float, float] = (0.08, 1.0)          # RandomResizedCrop area share
     ratio: tuple[float, float] = (3 / 4, 4 / 3)       # RandomResizedCrop aspect ratio
     colout: Optional[tuple[float, float]] = None      # (p_row, p_col) dropped in the loader
+    randaugment: Optional[tuple[int, int]] = None     # (depth, severity) in the loader; not in ffcv
     num_workers: int = 2
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
@@ -57,6 +59,11 @@ class LoaderSpec:
             raise ValueError(f"val_crop_ratio must be in (0, 1], got {self.val_crop_ratio}")
         if self.colout is not None:
             kept_size(8, 8, *self.colout)  # validates the shares
+        if self.randaugment is not None:
+            check_randaugment(*self.randaugment)
+            if self.backend == "ffcv":
+                raise ValueError("randaugment cannot run in the ffcv backend: FFCV's pipeline is compiled numba "
+                                 "code with no RandAugment operations; use the webdataset or dali backend")
         if self.on_corrupt not in ("skip", "raise"):
             raise ValueError(f"on_corrupt must be 'skip' or 'raise', got {self.on_corrupt!r}")
         self.schedule = resolution_schedule(self.resolution)

@@ -1,5 +1,5 @@
 """What the DataLoader-worker backends (folder, webdataset) share: decode + crop + resize +
-flip of one sample with PIL (Pillow-SIMD here), collation into a uint8 batch, and the
+RandAugment + flip of one sample with PIL (Pillow-SIMD here), collation into a uint8 batch, and the
 DataLoader that runs it.
 
 `draft=True` lets libjpeg decode at 1/2, 1/4 or 1/8 scale (DCT scaling) when the crop
@@ -20,11 +20,13 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from pipeline.colout import colout_sample
-from pipeline.crops import center_crop, sample_uniforms, train_crop
+from pipeline.crops import center_crop, sample_seed, sample_uniforms, train_crop
 from pipeline.datasets import CorruptSample
+from pipeline.randaugment import randaugment_image
 from pipeline.spec import LoaderSpec
 
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+RANDAUGMENT_STREAM = 2    # a random stream of its own per sample, apart from the crop's uniforms
 
 
 def draft_reduction(crop_height: int, crop_width: int, side: int) -> int:
@@ -54,6 +56,9 @@ def load_sample(source, spec: LoaderSpec, *, name: str, sample_id: int, epoch: i
         x_scale, y_scale = image.size[0] / width, image.size[1] / height
         box = (left * x_scale, top * y_scale, (left + crop_width) * x_scale, (top + crop_height) * y_scale)
         image = image.convert("RGB").resize((side, side), Image.BILINEAR, box=box)
+        if spec.randaugment and train:
+            seed = sample_seed(spec.seed, epoch, sample_id)
+            image = randaugment_image(image, *spec.randaugment, np.random.default_rng((seed, RANDAUGMENT_STREAM)))
         if flip:
             image = image.transpose(Image.FLIP_LEFT_RIGHT)
         pixels = np.asarray(image)

@@ -32,6 +32,7 @@ class DataConfig:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     colout: Optional[tuple[float, float]] = None
+    randaugment: Optional[tuple[int, int]] = None   # (depth, severity); webdataset, folder and dali
     num_workers: int = 2
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
@@ -44,9 +45,9 @@ class DataConfig:
         return LoaderSpec(backend=self.backend, path=self.path or None, split=split, batch_size=batch_size,
                           resolution=self.resolution, val_resolution=self.val_resolution,
                           val_crop_ratio=self.val_crop_ratio, scale=self.scale,
-                          ratio=self.ratio, colout=self.colout, num_workers=self.num_workers, mean=self.mean,
-                          std=self.std, on_corrupt=self.on_corrupt, num_classes=self.num_classes,
-                          synthetic_size=self.synthetic_size, **placement)
+                          ratio=self.ratio, colout=self.colout, randaugment=self.randaugment,
+                          num_workers=self.num_workers, mean=self.mean, std=self.std, on_corrupt=self.on_corrupt,
+                          num_classes=self.num_classes, synthetic_size=self.synthetic_size, **placement)
 
 
 @dataclass

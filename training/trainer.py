@@ -62,8 +62,12 @@ class Trainer:
         for warning in clashes(config.algorithms, config.loss.label_smoothing) if world.is_main else ():
             log.warning("algorithms clash: %s", warning)
         # Model surgery, loader settings and duration changes happen here, before anything
-        # holds on to the model's parameters or to the run's length.
-        self.engine.fire(Event.INIT, state)
+        # holds on to the model's parameters or to the run's length. A setting the loader or
+        # model cannot take (e.g. RandAugment in FFCV) is a config error, reported as one.
+        try:
+            self.engine.fire(Event.INIT, state)
+        except ValueError as error:
+            raise ConfigError(f"config key 'algorithms': {error}") from None
 
         self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
             if world.distributed else None

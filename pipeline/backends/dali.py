@@ -4,7 +4,9 @@
 With CUDA, JPEGs are decoded by `decoders.image_random_crop(device='mixed')` (nvJPEG,
 with `hw_decoder_load` sending part of the work to the hardware JPEG decoder where there is
 one) and resized, flipped and normalized on the GPU; the batch never visits the host.
-Without CUDA the same graph runs on the CPU (`device_id=None`).
+Without CUDA the same graph runs on the CPU (`device_id=None`). RandAugment, when the spec
+asks for it, is DALI's own `auto_aug.rand_augment` after the resize, with the magnitude
+scale `pipeline/randaugment.py` gives the PIL backends.
 
 Epochs: a pipeline is built per epoch (about 0.1 s), seeded from (seed, rank, epoch), with
 the epoch's resolution as a constant, so a schedule decodes straight to the new size and
@@ -22,11 +24,13 @@ import re
 
 import torch
 from nvidia.dali import fn, math as dali_math, pipeline_def, types
+from nvidia.dali.auto_aug import rand_augment
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from pipeline.base import Loader
 from pipeline.crops import RANDOM_CROP_ATTEMPTS, sample_seed
 from pipeline.datasets import DatasetError, is_converted, read_converted, read_folder
+from pipeline.randaugment import SEVERITY_BINS
 from pipeline.sharding import rank_batches, rank_samples
 from pipeline.spec import LoaderSpec
 
@@ -97,7 +101,7 @@ class DALILoader(Loader):
             random_shuffle=spec.train, initial_fill=SHUFFLE_FILL, name="reader")
 
 
-@pipeline_def
+@pipeline_def(enable_conditionals=True)   # rand_augment selects operations with `if`
 def _graph(loader: DALILoader, epoch: int):
     spec = loader.spec
     side = spec.resolution_at(epoch)
@@ -118,6 +122,10 @@ def _graph(loader: DALILoader, epoch: int):
                                          normalized_anchor=False, normalized_shape=False, **decode_options)
         mirror = 0
     images = fn.resize(images, resize_x=side, resize_y=side, interp_type=types.INTERP_LINEAR, antialias=True)
+    if spec.train and spec.randaugment:
+        depth, severity = spec.randaugment
+        images = rand_augment.rand_augment(images, n=depth, m=severity, num_magnitude_bins=SEVERITY_BINS,
+                                           shape=(side, side), fill_value=128)
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16 if spec.dtype == torch.float16 else types.FLOAT,
                                       output_layout="HWC", mean=[255 * m for m in spec.mean],
                                       std=[255 * s for s in spec.std], mirror=mirror)
