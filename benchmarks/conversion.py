@@ -5,7 +5,7 @@
 Runs each converter as a user does (a subprocess, --force, into a temporary folder) with
 each worker count, and prints the median wall-clock images/s (start-up and imports
 included: FFCV's import alone compiles for about 5 s) and the size of each output. Appends
-one JSON line per figure, with the hardware signature, to benchmarks/results/conversion.jsonl.
+one JSON line per figure to this machine's file in benchmarks/results/ (benchmarks/hardware.py).
 Run it on a quiet machine: anything else on the cores changes the figures.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import signature  # noqa: E402
+from benchmarks.hardware import append_results, signature  # noqa: E402
 
 CONVERTERS = {"ffcv": "convert_ffcv.py", "webdataset": "convert_wds.py"}
 
@@ -46,22 +46,20 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     hardware = signature()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    print(f"# {hardware['cpu']}, {hardware['cores']} cores, {hardware['memory_gib']} GiB; source {args.src}")
+    print(f"# {hardware['cpu_model']}, {hardware['cpu_cores']} cores, {hardware['ram_gb']} GiB; source {args.src}")
     print(f"{'format':<11} {'workers':>7} {'images':>7} {'median s':>9} {'img/s':>7} {'MiB':>7}")
-    with open(ROOT / "benchmarks" / "results" / "conversion.jsonl", "a", encoding="utf-8") as results:
-        for name in args.formats.split(","):
-            script = CONVERTERS[name]
-            for workers in map(int, args.workers.split(",")):
-                runs = [run_once(script, args.src, workers) for _ in range(args.repeats)]
-                seconds = statistics.median(r[0] for r in runs)
-                images, size = sum(runs[0][1].values()), runs[0][2]
-                print(f"{name:<11} {workers:>7} {images:>7} {seconds:>9.2f} {images / seconds:>7.0f} {size / 2**20:>7.1f}")
-                results.write(json.dumps({"benchmark": "conversion", "format": name, "workers": workers,
-                                          "source": str(args.src), "images": images, "seconds_median": seconds,
-                                          "seconds_all": [r[0] for r in runs], "img_per_s": images / seconds,
-                                          "output_bytes": size, "hardware": hardware, "commit": commit,
-                                          "date": time.strftime("%Y-%m-%d")}) + "\n")
+    rows = []
+    for name in args.formats.split(","):
+        script = CONVERTERS[name]
+        for workers in map(int, args.workers.split(",")):
+            runs = [run_once(script, args.src, workers) for _ in range(args.repeats)]
+            seconds = statistics.median(r[0] for r in runs)
+            images, size = sum(runs[0][1].values()), runs[0][2]
+            print(f"{name:<11} {workers:>7} {images:>7} {seconds:>9.2f} {images / seconds:>7.0f} {size / 2**20:>7.1f}")
+            rows.append({"benchmark": "conversion", "format": name, "workers": workers, "source": str(args.src),
+                         "images": images, "seconds_median": seconds, "seconds_all": [r[0] for r in runs],
+                         "img_per_s": images / seconds, "output_bytes": size})
+    append_results(rows, hardware)
     return 0
 
 

@@ -8,12 +8,11 @@ img/s over the rounds, and their ratio. The bare loop is what a user would write
 zero_grad, forward under autocast, loss, backward, step, schedule step. Ours adds the 11
 per-step event calls, the counters, the metrics lines and the loss bookkeeping. Also
 printed: the cost of one `Engine.fire` with no algorithms, timed alone. One JSON line per
-run goes to benchmarks/results/loop_overhead.jsonl.
+run goes to this machine's file in benchmarks/results/.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from algorithms.base import Event  # noqa: E402
-from benchmarks.hardware import signature  # noqa: E402
+from benchmarks.hardware import append_results, signature  # noqa: E402
 from training.config import load_config  # noqa: E402
 from training.distributed import World  # noqa: E402
 from training.engine import Engine  # noqa: E402
@@ -87,17 +86,15 @@ def main() -> None:
     fire_ns = (time.perf_counter() - started) / calls * 1e9
 
     medians = {name: statistics.median(values) for name, values in rates.items()}
-    record = {"hardware": signature(), "model": "small_resnet", "batch_size": args.batch_size,
+    record = {"benchmark": "loop_overhead", "model": "small_resnet", "batch_size": args.batch_size,
               "resolution": args.resolution, "precision": args.precision, "steps": args.steps,
               "repeats": args.repeats, "bare_img_per_s": round(medians["bare"], 1),
               "ours_img_per_s": round(medians["ours"], 1), "ratio": round(medians["ours"] / medians["bare"], 4),
-              "empty_fire_ns": round(fire_ns, 1), "date": time.strftime("%Y-%m-%d")}
+              "empty_fire_ns": round(fire_ns, 1)}
     print(f"bare loop {medians['bare']:,.0f} img/s, ours with no algorithms {medians['ours']:,.0f} img/s "
           f"(ratio {record['ratio']:.3f}; rounds: bare {[round(r) for r in rates['bare']]}, "
           f"ours {[round(r) for r in rates['ours']]}); one empty Engine.fire: {fire_ns:.0f} ns")
-    results = ROOT / "benchmarks" / "results" / "loop_overhead.jsonl"
-    with open(results, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+    append_results([record], signature())
 
 
 if __name__ == "__main__":
