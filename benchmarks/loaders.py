@@ -1,35 +1,54 @@
-"""Loader throughput: images/s of each backend on one dataset, in steady state.
+"""Loader throughput per backend x split x resolution x worker count, against the decode-only
+bound and the loaders users write from FFCV's and DALI's examples.
 
-    python benchmarks/loaders.py [--data data] [--dataset photos] [--backends ...]
-                                 [--train-res 160] [--val-res 224] [--workers 2] [--epochs 3]
+    python benchmarks/loaders.py [--source data/sample/photos] [--backends ...] [--resolutions 160,128]
+                                 [--val-resolutions 224] [--workers 2] [--epochs 3] [--instance-type p4d.24xlarge]
 
-Each (backend, split) runs in a fresh process, so that no backend pays for another's
-threads or memory: one warm-up epoch (worker start-up, FFCV's compilation), then `--epochs`
-timed epochs; the figure is the median epoch's images/s. Also recorded: the whole machine's
-CPU utilisation during the timed epochs (from /proc/stat, so run it on a quiet machine) and
-the peak RSS of the main process. Prints a table with each backend's ratio to `folder`,
-and appends one JSON line per figure to benchmarks/results/loaders.jsonl.
-
-Data: `DATA/sample/NAME` (raw folder), `DATA/ffcv/NAME` and `DATA/wds/NAME`, as `make demo` makes them.
+Data: the raw ImageNet-layout `--source` and its conversions, made (once; the converters skip
+an up-to-date output) under `--cache`:
+- `wds`: tools/convert_wds.py, max side 512, which keeps the photo sample's sizes, so JPEGs
+  are stored as they are: folder, webdataset, dali and the decode bound read the same bytes;
+- `ffcv`: tools/convert_ffcv.py --write-mode jpg, max side 512: the same pixels, re-encoded
+  at quality 90 (FFCV always re-encodes);
+- `ffcv-proportion`: FFCV's recommended storage, half the images as raw pixels and half as
+  JPEG, max side 256 (near a 160-224 training size): its speed comes from the storage.
+Each figure runs in a fresh process (no backend pays for another's threads or memory): one
+warm-up epoch (worker start-up, FFCV's compilation), then `--epochs` timed epochs; the
+figure is the median epoch's img/s. Also recorded: the whole machine's CPU utilisation
+during the timed epochs (/proc/stat: run it on a quiet machine) and the peak summed PSS of
+the process and its workers. One JSON line per figure goes to this machine's file in
+benchmarks/results/ (benchmarks/hardware.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import signature  # noqa: E402
+from benchmarks.hardware import RESULTS, append_results, signature  # noqa: E402
 
-# name -> (backend, data form)
-CONFIGURATIONS = {"folder": ("folder", "sample"), "webdataset": ("webdataset", "wds"), "ffcv": ("ffcv", "ffcv"),
-                  "dali-folder": ("dali", "sample"), "dali-wds": ("dali", "wds"), "synthetic": ("synthetic", None)}
+# name -> (how it is built, the data form it reads)
+CONFIGURATIONS = {
+    "folder": ("folder", "raw"), "webdataset": ("webdataset", "wds"), "ffcv": ("ffcv", "ffcv"),
+    "ffcv-proportion": ("ffcv", "ffcv-proportion"), "ffcv-bare": ("ffcv-bare", "ffcv"),
+    "dali-folder": ("dali", "raw"), "dali-wds": ("dali", "wds"), "dali-bare": ("dali-bare", "wds"),
+    "synthetic": ("synthetic", None)}
+BOUNDS = ("decode_bound", "gpu_decode_bound")
+# form -> (converter, its options, how `dataset` describes it)
+CONVERSIONS = {
+    "wds": ("convert_wds.py", ["--max-resolution", "512"], "wds, max side 512 (photos kept at their size)"),
+    "ffcv": ("convert_ffcv.py", ["--write-mode", "jpg", "--max-resolution", "512"],
+             "ffcv jpg q90, max side 512 (same pixels, re-encoded)"),
+    "ffcv-proportion": ("convert_ffcv.py", ["--write-mode", "proportion", "--compress-probability", "0.5",
+                                            "--max-resolution", "256"],
+                        "ffcv proportion 0.5 q90, max side 256 (FFCV's recommended storage)")}
 
 
 def busy_jiffies() -> tuple[int, int]:
@@ -40,81 +59,161 @@ def busy_jiffies() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
-def measure(config: dict) -> dict:
-    """Runs in its own process: warm-up epoch, then timed epochs of one loader."""
-    import torch
+class PeakMemory(threading.Thread):
+    """Samples the summed PSS of this process and its descendants (DataLoader workers, FFCV
+    and DALI threads live inside) every 0.1 s; PSS, so shared pages are not counted twice."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak_mb, self.running = 0.0, True
+
+    def run(self):
+        import os
+        while self.running:
+            pids, total = [os.getpid()], 0
+            while pids:
+                pid = pids.pop()
+                try:
+                    with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as f:
+                        total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+                    with open(f"/proc/{pid}/task/{pid}/children", encoding="utf-8") as f:
+                        pids += [int(child) for child in f.read().split()]
+                except (OSError, StopIteration):
+                    continue
+            self.peak_mb = max(self.peak_mb, total / 1024)
+            time.sleep(0.1)
+
+
+def build(config: dict):
+    kind = config["kind"]
+    if kind.endswith("-bare"):
+        from benchmarks.bare_loaders import BARE
+        return BARE[kind](config)
     from pipeline import LoaderSpec, build_loader
+    loader = build_loader(LoaderSpec(kind, path=config["path"], split=config["split"],
+                                     batch_size=config["batch_size"], resolution=config["resolution"],
+                                     val_resolution=config["resolution"], num_workers=config["workers"],
+                                     synthetic_size=config["synthetic_size"]))
+    return loader
+
+
+def measure(config: dict) -> dict:
+    """Runs in its own process: warm-up epoch, then timed epochs of one loader, or a bound."""
+    import torch
     torch.set_num_threads(config["workers"])
-    spec = LoaderSpec(config["backend"], path=config["path"], split=config["split"], batch_size=config["batch_size"],
-                      resolution=config["resolution"], val_resolution=config["resolution"],
-                      num_workers=config["workers"], synthetic_size=config["synthetic_size"])
-    loader = build_loader(spec)
-    seconds, images = [], 0
+    if config["kind"] in BOUNDS:
+        from benchmarks import bare_loaders
+        if config["kind"] == "decode_bound":
+            return bare_loaders.decode_bound(config["path"], config["split"])
+        return bare_loaders.gpu_decode_bound(config["path"], config["split"], config["batch_size"])
+    memory = PeakMemory()
+    memory.start()
+    loader = build(config)
+    seconds, busy, total = [], 0, 0
     for epoch in range(config["epochs"] + 1):
-        loader.set_epoch(epoch)
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
         busy0, total0 = busy_jiffies()
         started = time.perf_counter()
-        images = sum(len(labels) for _, labels in loader)
+        images = 0
+        for batch in loader:
+            images += len(batch[0]["labels"] if isinstance(batch, list) else batch[1])
         seconds.append(time.perf_counter() - started)
-        if epoch == 0:
-            busy, total = 0, 0
-        else:
+        if epoch:
             busy1, total1 = busy_jiffies()
             busy, total = busy + busy1 - busy0, total + total1 - total0
-    median = statistics.median(seconds[1:])
-    return {"img_per_s": images / median, "images_per_epoch": images, "epoch_seconds": seconds[1:],
-            "warmup_seconds": seconds[0], "cpu_util": busy / total if total else None,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    memory.running = False
+    return {"img_per_s": images / statistics.median(seconds[1:]), "images_per_epoch": images,
+            "epoch_seconds": seconds[1:], "warmup_seconds": seconds[0], "cpu_util": busy / total if total else None,
+            "peak_rss_mb": memory.peak_mb}
+
+
+def convert(form: str, source: Path, cache: Path) -> Path:
+    """The conversion `form` of `source` under `cache`, made now unless already up to date."""
+    script, options, _ = CONVERSIONS[form]
+    out = cache / f"{source.name}-{form}"
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / script), str(source), str(out), *options],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"error: {script} {source} {out} failed: {result.stderr.strip().splitlines()[-1]}")
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=ROOT / "data")
-    parser.add_argument("--dataset", default="photos")
-    parser.add_argument("--backends", default="folder,webdataset,ffcv,dali-folder,dali-wds",
-                        help="comma-separated: " + ", ".join(CONFIGURATIONS))
-    parser.add_argument("--train-res", type=int, default=160)
-    parser.add_argument("--val-res", type=int, default=224)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--source", type=Path, default=ROOT / "data" / "sample" / "photos",
+                        help="ImageNet-layout folder (make demo writes data/sample/photos)")
+    parser.add_argument("--cache", type=Path, default=ROOT / "data" / "bench", help="where conversions are kept")
+    parser.add_argument("--backends", default="decode_bound,gpu_decode_bound,folder,webdataset,ffcv,ffcv-proportion,"
+                        "ffcv-bare,dali-folder,dali-wds,dali-bare",
+                        help="comma-separated: " + ", ".join([*BOUNDS, *CONFIGURATIONS]))
+    parser.add_argument("--splits", default="train,val")
+    parser.add_argument("--resolutions", default="160", help="train resolutions, comma-separated")
+    parser.add_argument("--val-resolutions", default="224")
+    parser.add_argument("--workers", default="2", help="worker counts (threads for DALI), comma-separated")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs after the warm-up one")
+    parser.add_argument("--instance-type", help="e.g. p4d.24xlarge, recorded with the hardware")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(json.loads(args.one))))
         return 0
+    backends = args.backends.split(",")
+    unknown = [name for name in backends if name not in CONFIGURATIONS and name not in BOUNDS]
+    if unknown:
+        parser.error(f"unknown backend {unknown[0]!r}; choose from {', '.join([*BOUNDS, *CONFIGURATIONS])}")
+    if not args.source.is_dir():
+        parser.error(f"--source {args.source}: no such folder (make demo writes data/sample/photos)")
+    import torch
+    if "gpu_decode_bound" in backends and not torch.cuda.is_available():
+        backends.remove("gpu_decode_bound")
+        print("# no CUDA: gpu_decode_bound left out")
+    forms = {"raw": (args.source, f"{args.source.name} (raw folder)")}
+    for name in backends:
+        form = "wds" if name in BOUNDS else CONFIGURATIONS[name][1]
+        if form and form not in forms:
+            forms[form] = (convert(form, args.source, args.cache), f"{args.source.name} ({CONVERSIONS[form][2]})")
 
-    hardware = signature()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    print(f"# {hardware['cpu']}, {hardware['cores']} cores; dataset {args.dataset}, {args.workers} workers, "
-          f"batch {args.batch_size}, median of {args.epochs} epochs after a warm-up")
-    print(f"{'backend':<12} {'split':<5} {'res':>4} {'img/s':>7} {'x folder':>8} {'cpu':>5} {'rss MiB':>8}")
-    rows = []
-    with open(ROOT / "benchmarks" / "results" / "loaders.jsonl", "a", encoding="utf-8") as results:
-        for split, resolution in (("train", args.train_res), ("val", args.val_res)):
-            baseline = None
-            for name in args.backends.split(","):
-                backend, form = CONFIGURATIONS[name]
-                path = str(args.data / form / args.dataset) if form else None
-                config = {"backend": backend, "path": path, "split": split, "resolution": resolution,
-                          "workers": args.workers, "batch_size": args.batch_size, "epochs": args.epochs,
-                          "synthetic_size": 2300 if split == "train" else 575}
-                run = subprocess.run([sys.executable, __file__, "--one", json.dumps(config)], capture_output=True,
-                                     text=True, cwd=ROOT)
-                if run.returncode != 0:
-                    print(f"{name:<12} {split:<5} failed: {run.stderr.strip().splitlines()[-1]}")
-                    continue
-                figures = json.loads(run.stdout.strip().splitlines()[-1])
-                baseline = figures["img_per_s"] if name == "folder" else baseline
-                ratio = figures["img_per_s"] / baseline if baseline else float("nan")
-                print(f"{name:<12} {split:<5} {resolution:>4} {figures['img_per_s']:>7.0f} {ratio:>8.2f} "
-                      f"{figures['cpu_util'] or 0:>5.0%} {figures['peak_rss_mb']:>8.0f}")
-                row = {"benchmark": "loaders", "backend": name, "split": split, "resolution": resolution,
-                       "workers": args.workers, "batch_size": args.batch_size, "dataset": f"{args.dataset} ({form})",
-                       **figures, "ratio_to_folder": ratio, "hardware": hardware, "commit": commit,
-                       "date": time.strftime("%Y-%m-%d")}
-                results.write(json.dumps(row) + "\n")
-                rows.append(row)
+    hardware = signature(args.instance_type)
+    print(f"# {hardware['cpu_model']}, {hardware['cpu_cores']} cores, {hardware['gpu_count']} GPUs; batch "
+          f"{args.batch_size}; median of {args.epochs} epochs after a warm-up")
+    print(f"{'backend':<16} {'split':<5} {'res':>4} {'workers':>7} {'img/s':>7} {'x bound':>7} {'cpu':>5} {'MiB':>6}")
+    rows, bound = [], {}
+    for split in args.splits.split(","):
+        resolutions = args.resolutions if split == "train" else args.val_resolutions
+        for resolution in map(int, resolutions.split(",")):
+            for workers in map(int, args.workers.split(",")):
+                for name in backends:
+                    if name in BOUNDS and (split, name) in bound:
+                        figures = bound[(split, name)]       # resolution-independent: measured once per split
+                    else:
+                        kind, form = (name, "wds") if name in BOUNDS else CONFIGURATIONS[name]
+                        config = {"kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
+                                  "resolution": resolution, "workers": workers, "batch_size": args.batch_size,
+                                  "epochs": args.epochs, "synthetic_size": 2300 if split == "train" else 575}
+                        run = subprocess.run([sys.executable, __file__, "--one", json.dumps(config)],
+                                             capture_output=True, text=True, cwd=ROOT)
+                        if run.returncode != 0:
+                            print(f"{name:<16} {split:<5} {resolution:>4} {workers:>7} failed: "
+                                  f"{(run.stderr.strip().splitlines() or ['?'])[-1]}")
+                            continue
+                        figures = json.loads(run.stdout.strip().splitlines()[-1])
+                        if name in BOUNDS:
+                            bound[(split, name)] = figures
+                    reference = bound.get((split, "decode_bound"), {}).get("img_per_s")
+                    share = figures["img_per_s"] / reference if reference else None
+                    form = "wds" if name in BOUNDS else CONFIGURATIONS[name][1]
+                    print(f"{name:<16} {split:<5} {resolution:>4} {workers:>7} {figures['img_per_s']:>7.0f} "
+                          f"{share if share is not None else float('nan'):>7.2f} {figures.get('cpu_util') or 0:>5.0%} "
+                          f"{figures.get('peak_rss_mb') or 0:>6.0f}")
+                    rows.append({"benchmark": "loaders", "backend": name, "split": split, "resolution": resolution,
+                                 "workers": workers if name != "decode_bound" else hardware["cpu_cores"],
+                                 "batch_size": args.batch_size, "dataset": forms[form][1] if form else "synthetic",
+                                 "share_of_decode_bound": share, **figures})
+    path = append_results(rows, hardware, args.results_dir)
+    print(f"# {len(rows)} rows appended to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return 0
 
 

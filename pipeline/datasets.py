@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
+
+import numpy as np
 
 from pipeline.imagefolder import LayoutError, Sample, find_classes, scan_split
 
 MANIFEST = "manifest.json"
-TAR_HEADER = 512
+IMAGE_MEMBER, LABEL_MEMBER = "jpg", "lbl"     # the members of a sample the loaders read
 CONVERTERS = {"ffcv": "tools/convert_ffcv.py", "webdataset": "tools/convert_wds.py"}
 
 
@@ -31,7 +34,20 @@ class Shard:
     index: Path
     count: int
     first_sample: int          # id of its first sample in the split's stored order
-    offsets: list[int] = field(default_factory=list)   # where each sample's first tar header starts
+    # per sample: (image offset, image size, label offset) in the tar, from the `.idx` file
+    members: Optional[np.ndarray] = None
+
+
+@dataclass(frozen=True)
+class SampleName:
+    """`TAR:KEY` of one sample of a shard, looked up in its index only when printed: only
+    error messages need it, and a million keys held as strings would cost memory."""
+    shard: Shard
+    number: int
+
+    def __str__(self) -> str:
+        line = self.shard.index.read_text().splitlines()[1 + self.number]
+        return f"{self.shard.tar}:{line.split()[3].rsplit('.', 1)[0]}"
 
 
 @dataclass
@@ -75,7 +91,7 @@ def read_converted(path: str | Path, split: str, expected_format: str) -> Conver
     for shard in record.get("shards", []):
         directory = root / split
         shards.append(Shard(directory / shard["tar"], directory / shard["index"], shard["count"], first))
-        shards[-1].offsets = _sample_offsets(shards[-1])
+        shards[-1].members = _member_table(shards[-1])
         first += shard["count"]
     files = [root / name for name in record["files"]]
     for file in files:
@@ -110,22 +126,22 @@ def read_folder(path: str | Path, split: str) -> tuple[list[str], list[Sample]]:
     return classes, samples
 
 
-def _sample_offsets(shard: Shard) -> list[int]:
-    """Where each sample's first tar header starts, from the DALI-style `.idx` file; checks
-    that the tar is long enough for every member the index lists."""
-    offsets, end = [], 0
+def _member_table(shard: Shard) -> np.ndarray:
+    """(count, 3) int64: each sample's image offset and size and label offset in the tar, from
+    the DALI-style `.idx` file; checks that the tar is long enough for every member it lists."""
+    rows, end = [], 0
     try:
         for line in shard.index.read_text().splitlines()[1:]:
             fields = line.split()   # per member: extension, data offset, size, file name
-            starts, sizes = [int(value) for value in fields[1::4]], [int(value) for value in fields[2::4]]
-            offsets.append(min(starts) - TAR_HEADER)
-            end = max(end, *(start + size for start, size in zip(starts, sizes)))
-    except (OSError, ValueError) as error:
-        raise DatasetError(f"{shard.index}: unreadable index ({error}); run tools/convert_wds.py again") from None
-    if len(offsets) != shard.count:
-        raise DatasetError(f"{shard.index}: {len(offsets)} samples where the manifest says {shard.count}; "
+            members = {ext: (int(start), int(size)) for ext, start, size in zip(fields[0::4], fields[1::4], fields[2::4])}
+            rows.append((*members[IMAGE_MEMBER], members[LABEL_MEMBER][0]))
+            end = max(end, *(start + size for start, size in members.values()))
+    except (OSError, ValueError, KeyError) as error:
+        raise DatasetError(f"{shard.index}: unreadable index ({error!r}); run tools/convert_wds.py again") from None
+    if len(rows) != shard.count:
+        raise DatasetError(f"{shard.index}: {len(rows)} samples where the manifest says {shard.count}; "
                            f"run tools/convert_wds.py again")
     size = shard.tar.stat().st_size
     if size < end:
         raise DatasetError(f"{shard.tar}: {size} bytes, its index needs {end}: truncated; run tools/convert_wds.py again")
-    return offsets
+    return np.array(rows, dtype=np.int64).reshape(-1, 3)

@@ -2,10 +2,10 @@
 RandAugment + flip of one sample with PIL (Pillow-SIMD here), collation into a uint8 batch, and the
 DataLoader that runs it.
 
-`draft=True` lets libjpeg decode at 1/2, 1/4 or 1/8 scale (DCT scaling) when the crop
-is still at least the target size after it, so the decoder does less work and the resize
-sees no fewer pixels than it outputs. The `folder` backend keeps it off (stock semantics);
-`webdataset` turns it on.
+`roi=True` decodes only the crop's region of a JPEG (`pipeline/jpeg_roi.py`), at 1/2, 1/4
+or 1/8 scale (DCT scaling) when the crop is still at least twice the target size there, so
+the decoder does less work and the resize sees no fewer pixels than it outputs. The
+`folder` backend keeps it off (stock semantics: Pillow, full decode); `webdataset` turns it on.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from pipeline import jpeg_roi
 from pipeline.colout import colout_sample
 from pipeline.crops import center_crop, sample_seed, sample_uniforms, train_crop
 from pipeline.datasets import CorruptSample
@@ -38,35 +39,65 @@ def draft_reduction(crop_height: int, crop_width: int, side: int) -> int:
 
 
 def load_sample(source, spec: LoaderSpec, *, name: str, sample_id: int, epoch: int, side: int,
-                draft: bool) -> np.ndarray:
-    """(side', side', 3) uint8: one stored image (a path or JPEG bytes), augmented as the spec says."""
-    train, colout = spec.train, spec.colout
+                roi: bool) -> np.ndarray:
+    """(side', side', 3) uint8: one stored image (a path or JPEG bytes), augmented as the spec says.
+    `roi=True` decodes JPEG bytes with `pipeline.jpeg_roi` (only the crop, DCT-scaled where it
+    allows); anything else, and a JPEG it refuses, goes through Pillow."""
+    uniforms = sample_uniforms(spec.seed, epoch, sample_id)
     try:
-        image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
-        width, height = image.size
-        uniforms = sample_uniforms(spec.seed, epoch, sample_id)
-        if train:
-            (top, left, crop_height, crop_width), flip = train_crop(height, width, spec.scale, spec.ratio, uniforms)
-        else:
-            (top, left, crop_height, crop_width), flip = center_crop(height, width, spec.val_crop_ratio), False
-        if draft and image.format == "JPEG":
-            reduction = draft_reduction(crop_height, crop_width, side)
-            if reduction > 1:
-                image.draft("RGB", (math.ceil(width / reduction), math.ceil(height / reduction)))
-        x_scale, y_scale = image.size[0] / width, image.size[1] / height
-        box = (left * x_scale, top * y_scale, (left + crop_width) * x_scale, (top + crop_height) * y_scale)
-        image = image.convert("RGB").resize((side, side), Image.BILINEAR, box=box)
-        if spec.randaugment and train:
+        image, flip = None, False
+        if roi and isinstance(source, bytes):
+            try:
+                image, flip = _roi_crop(source, spec, uniforms, side)
+            except jpeg_roi.JPEGError:
+                pass    # CMYK, or damaged: Pillow decodes the first and names the damage of the second
+        if image is None:
+            image, flip = _pil_crop(source, spec, uniforms, side, draft=roi)
+        if spec.randaugment and spec.train:
             seed = sample_seed(spec.seed, epoch, sample_id)
             image = randaugment_image(image, *spec.randaugment, np.random.default_rng((seed, RANDAUGMENT_STREAM)))
-        if flip:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
         pixels = np.asarray(image)
     except DECODE_ERRORS as error:
         raise CorruptSample(f"{name}: cannot decode ({error})") from None
-    if colout and train:
-        pixels = colout_sample(pixels, *colout, np.random.default_rng(uniforms[:2].view(np.uint64)))
+    if flip:
+        pixels = pixels[:, ::-1]    # a view: collate's stack makes the one copy
+    if spec.colout and spec.train:
+        pixels = colout_sample(pixels, *spec.colout, np.random.default_rng(uniforms[:2].view(np.uint64)))
     return pixels
+
+
+def _crop_box(height: int, width: int, spec: LoaderSpec, uniforms) -> tuple[tuple[int, int, int, int], bool]:
+    if spec.train:
+        return train_crop(height, width, spec.scale, spec.ratio, uniforms)
+    return center_crop(height, width, spec.val_crop_ratio), False
+
+
+def _roi_crop(jpeg: bytes, spec: LoaderSpec, uniforms, side: int) -> tuple[Image.Image, bool]:
+    width, height = jpeg_roi.image_size(jpeg)
+    box, flip = _crop_box(height, width, spec, uniforms)
+    reduction = draft_reduction(box[2], box[3], side)
+    # Bilinear resampling reads up to (shrink factor) pixels beyond the box: decode those too,
+    # and one more, since libjpeg upsamples the chroma of a region's edge columns as if they
+    # were the image's; so the result is the one a full decode gives.
+    margin = math.ceil(max(box[2], box[3]) / reduction / side) + 2
+    pixels, region_box = jpeg_roi.decode_region(jpeg, width, height, box, reduction, margin)
+    region = Image.frombuffer("RGB", (pixels.shape[1], pixels.shape[0]), pixels, "raw", "RGB", 0, 1)
+    return region.resize((side, side), Image.BILINEAR, box=region_box), flip
+
+
+def _pil_crop(source, spec: LoaderSpec, uniforms, side: int, draft: bool) -> tuple[Image.Image, bool]:
+    image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+    width, height = image.size
+    (top, left, crop_height, crop_width), flip = _crop_box(height, width, spec, uniforms)
+    if draft and image.format == "JPEG":
+        reduction = draft_reduction(crop_height, crop_width, side)
+        if reduction > 1:
+            # Pillow picks the scale from size // request, so ask for floor sizes: ceil ones
+            # make it decode at full size whenever a side is odd.
+            image.draft("RGB", (width // reduction, height // reduction))
+    x_scale, y_scale = image.size[0] / width, image.size[1] / height
+    box = (left * x_scale, top * y_scale, (left + crop_width) * x_scale, (top + crop_height) * y_scale)
+    return image.convert("RGB").resize((side, side), Image.BILINEAR, box=box), flip
 
 
 def load_or_report(source, spec: LoaderSpec, **options) -> np.ndarray | str:

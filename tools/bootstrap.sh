@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bootstrap the project's environment: Debian build packages, .venv, torch (CPU), FFCV,
-# DALI, WebDataset, numba, pytest, tqdm, and Pillow-SIMD last.
+# DALI, WebDataset, numba, pytest, tqdm, matplotlib (without its pillow), and Pillow-SIMD last.
 #
 # Idempotent and fast the second time: a stamp in .venv records a hash of this script and
 # of pyproject.toml; when it matches, only the Pillow-SIMD check runs.
@@ -19,8 +19,16 @@ DEB_BUILD_PACKAGES=(libturbojpeg0-dev libopencv-dev pkg-config libjpeg-dev zlib1
 TORCH_SPEC="torch==2.13.0"            # the CPU build here; an unpinned torch pulls CUDA wheels
 FFCV_SPEC="ffcv==1.0.2"
 DALI_SPEC="nvidia-dali-cuda120>=2.0,<3"
-REST_SPECS=("numpy>=1.24,<2.6" "numba>=0.60,<0.70" "webdataset>=1.0,<2" "pytest>=8" "tqdm>=4.60" "pyyaml>=6")
+REST_SPECS=("numpy>=1.24,<2.6" "numba>=0.60,<0.70" "webdataset>=1.0,<2" "pytest>=8" "tqdm>=4.60" "pyyaml>=6"
+            "simplejpeg>=1.7,<2")   # simplejpeg: the decode-only bound in benchmarks/loaders.py
 PILLOW_SIMD_SPEC="pillow-simd>=9"
+# matplotlib (benchmarks/report.py) declares `pillow`, so a plain install would put stock Pillow
+# over Pillow-SIMD. It goes in with --no-deps, after its other dependencies installed normally
+# (none of them needs pillow); its PIL needs are met by Pillow-SIMD's `PIL`. This list is
+# matplotlib 3.x's Requires-Dist less pillow and numpy (numpy comes with its own pin above).
+MATPLOTLIB_SPEC="matplotlib>=3.8,<4"
+MATPLOTLIB_DEPS=("contourpy>=1.0.1" "cycler>=0.10" "fonttools>=4.28.2" "kiwisolver>=1.3.1" "packaging>=20.0"
+                 "pyparsing>=3" "python-dateutil>=2.7")
 
 say() { printf '[bootstrap] %s\n' "$*" >&2; }
 die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
@@ -89,6 +97,9 @@ pip_install setuptools wheel pkgconfig "${REST_SPECS[0]}"
 pip_install --no-build-isolation "$FFCV_SPEC"
 say "installing DALI, WebDataset, numba, pytest, tqdm"
 pip_install "$DALI_SPEC" "${REST_SPECS[@]}"
+say "installing matplotlib (--no-deps: it would pull stock pillow) and its other dependencies"
+pip_install "${REST_SPECS[0]}" "${MATPLOTLIB_DEPS[@]}"
+pip_install --no-deps "$MATPLOTLIB_SPEC"
 say "installing the project itself (editable, no dependencies)"
 pip_install --no-deps --no-build-isolation -e "$ROOT"
 
@@ -102,5 +113,7 @@ if ! check_pillow_simd 2>/dev/null; then
 fi
 check_pillow_simd
 stamp_value >"$STAMP"
-"$PY" -c 'import torch, ffcv, nvidia.dali, webdataset, PIL' || die "the environment does not import; rm -rf .venv and re-run"
-say "ready: $("$PY" -c 'from importlib.metadata import version as v; print(", ".join(f"{n} {v(n)}" for n in ("torch", "ffcv", "nvidia-dali-cuda120", "webdataset", "pillow-simd")))')"
+"$PY" -c 'import torch, ffcv, nvidia.dali, webdataset, PIL, matplotlib' || die "the environment does not import; rm -rf .venv and re-run"
+# Compiles pipeline/jpeg_roi.c (the webdataset backend's decoder) now rather than in the first loader.
+(cd "$ROOT" && "$PY" -c 'import pipeline.jpeg_roi') || die "cannot build pipeline/jpeg_roi.c (needs cc and libjpeg-dev)"
+say "ready: $("$PY" -c 'from importlib.metadata import version as v; print(", ".join(f"{n} {v(n)}" for n in ("torch", "ffcv", "nvidia-dali-cuda120", "webdataset", "matplotlib", "pillow-simd")))')"

@@ -35,7 +35,7 @@ class FolderBatches(Dataset):
 
     def _load(self, sample_id: int, epoch: int, side: int):
         return load_or_report(self.paths[sample_id], self.spec, name=self.paths[sample_id], sample_id=sample_id,
-                              epoch=epoch, side=side, draft=False)
+                              epoch=epoch, side=side, roi=False)
 
 
 class FolderLoader(Loader):

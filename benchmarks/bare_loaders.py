@@ -1,0 +1,152 @@
+"""The loaders a user writes straight from FFCV's and DALI's own examples, and the decode-only
+bounds: the references `benchmarks/loaders.py` measures our backends against.
+
+- `ffcv_bare`: `ffcv.loader.Loader` with FFCV's RandomResizedCrop/CenterCrop decoder, flip and
+  NormalizeImage (placed before ToTensor: the only order that does not hang on CPU, NOTES).
+- `dali_bare`: DALI's ResNet-50 example pipeline over the WebDataset shards (reader-side
+  shuffle, `image_random_crop` or a center crop, resize, `crop_mirror_normalize`).
+- `decode_bound`: every stored JPEG decoded at full size, no augmentation, one process per
+  core, one library call per image: simplejpeg (libjpeg-turbo 3.1, bundled) and this
+  project's `jpeg_roi` at full size (the system libjpeg-turbo that Pillow-SIMD and FFCV
+  link). The faster of the two is the bound.
+- `gpu_decode_bound`: DALI's nvJPEG (`decoders.image`, device "mixed") on the same bytes, no
+  augmentation (CUDA only).
+Each takes the benchmark's config dict and returns an iterable of batches or a rate.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import numpy as np
+
+from pipeline.crops import CENTER_CROP_RATIO
+from pipeline.datasets import read_converted
+from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
+
+
+def ffcv_bare(config: dict):
+    from ffcv.fields.basics import IntDecoder
+    from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+    side, train = config["resolution"], config["split"] == "train"
+    beton = read_converted(config["path"], config["split"], "ffcv").files[0]
+    mean, std = np.array(IMAGENET_MEAN) * 255, np.array(IMAGENET_STD) * 255
+    decode = [RandomResizedCropRGBImageDecoder((side, side)), RandomHorizontalFlip()] if train else \
+        [CenterCropRGBImageDecoder((side, side), ratio=CENTER_CROP_RATIO)]
+    return Loader(str(beton), batch_size=config["batch_size"], num_workers=config["workers"], os_cache=True,
+                  order=OrderOption.RANDOM if train else OrderOption.SEQUENTIAL, drop_last=train,
+                  pipelines={"image": [*decode, NormalizeImage(mean, std, np.float32), ToTensor(), ToTorchImage()],
+                             "label": [IntDecoder(), ToTensor(), Squeeze()]})
+
+
+def dali_bare(config: dict):
+    import torch
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    side, train = config["resolution"], config["split"] == "train"
+    shards = read_converted(config["path"], config["split"], "webdataset").shards
+    cuda = torch.cuda.is_available()
+
+    @pipeline_def
+    def graph():
+        jpegs, labels = fn.readers.webdataset(paths=[str(s.tar) for s in shards], index_paths=[str(s.index) for s in shards],
+                                              ext=["jpg", "lbl"], dtypes=[types.UINT8, types.INT32],
+                                              random_shuffle=train, pad_last_batch=True, name="reader")
+        device = "mixed" if cuda else "cpu"
+        if train:
+            images = fn.decoders.image_random_crop(jpegs, device=device, output_type=types.RGB,
+                                                   random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4 / 3])
+            images = fn.resize(images, resize_x=side, resize_y=side)
+        else:
+            images = fn.decoders.image(jpegs, device=device, output_type=types.RGB)
+            images = fn.resize(images, resize_shorter=round(side / CENTER_CROP_RATIO))
+        images = fn.crop_mirror_normalize(images, crop=(side, side), dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD],
+                                          mirror=fn.random.coin_flip() if train else 0)
+        return images, labels
+
+    pipe = graph(batch_size=config["batch_size"], num_threads=config["workers"], device_id=0 if cuda else None, seed=0)
+    pipe.build()
+    return DALIGenericIterator([pipe], ["images", "labels"], reader_name="reader", auto_reset=True,
+                               last_batch_policy=LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL)
+
+
+def stored_jpegs(path: str, split: str) -> list[bytes]:
+    """Every stored JPEG of a WebDataset conversion's split, in memory."""
+    jpegs = []
+    for shard in read_converted(path, split, "webdataset").shards:
+        with open(shard.tar, "rb") as stream:
+            jpegs += [os.pread(stream.fileno(), size, at) for at, size, _ in shard.members.tolist()]
+    return jpegs
+
+
+def _decode_all(args) -> float:
+    decoder, jpegs, rounds = args
+    if decoder == "simplejpeg":
+        import simplejpeg
+        decode = simplejpeg.decode_jpeg
+    else:
+        from pipeline import jpeg_roi
+
+        def decode(data):
+            width, height = jpeg_roi.image_size(data)
+            return jpeg_roi.decode_region(data, width, height, (0, 0, height, width), 1, 0)
+    started = time.perf_counter()
+    for _ in range(rounds):
+        for data in jpegs:
+            decode(data)
+    return time.perf_counter() - started
+
+
+def decode_bound(path: str, split: str, rounds: int = 3) -> dict:
+    """Full-size decode img/s of the stored JPEGs on all cores, per decoder, and the best."""
+    jpegs, cores = stored_jpegs(path, split), os.cpu_count() or 1
+    rates = {}
+    for decoder in ("simplejpeg", "jpeg_roi"):
+        if decoder == "simplejpeg":
+            try:
+                import simplejpeg  # noqa: F401
+            except ImportError:
+                continue
+        parts = [(decoder, jpegs[i::cores], 1) for i in range(cores)]
+        with multiprocessing.get_context("fork").Pool(cores) as pool:
+            pool.map(_decode_all, parts)                      # warm-up: page in code and data
+            seconds = max(pool.map(_decode_all, [(d, part, rounds) for d, part, _ in parts]))
+        rates[decoder] = len(jpegs) * rounds / seconds
+    best = max(rates, key=rates.get)
+    return {"img_per_s": rates[best], "decoder": best, "by_decoder": rates, "images_per_epoch": len(jpegs)}
+
+
+def gpu_decode_bound(path: str, split: str, batch_size: int, rounds: int = 3) -> dict:
+    """nvJPEG (DALI `mixed`) full-size decode img/s of the stored JPEGs, fed from memory."""
+    import torch
+    from nvidia.dali import fn, pipeline_def, types
+    jpegs = [np.frombuffer(data, np.uint8) for data in stored_jpegs(path, split)]
+    batches = [jpegs[i:i + batch_size] for i in range(0, len(jpegs) - batch_size + 1, batch_size)]
+
+    @pipeline_def
+    def graph():
+        return fn.decoders.image(fn.external_source(name="jpegs", dtype=types.UINT8), device="mixed",
+                                 output_type=types.RGB, hw_decoder_load=0.65)
+
+    pipe = graph(batch_size=batch_size, num_threads=os.cpu_count(), device_id=0, prefetch_queue_depth=1)
+    pipe.build()
+
+    def run_once() -> float:
+        started = time.perf_counter()
+        for batch in batches:
+            pipe.feed_input("jpegs", batch)
+            pipe.run()
+        torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    run_once()
+    seconds = sorted(run_once() for _ in range(rounds))[rounds // 2]
+    return {"img_per_s": len(batches) * batch_size / seconds, "decoder": "nvjpeg (dali mixed)",
+            "images_per_epoch": len(batches) * batch_size}
+
+
+BARE = {"ffcv-bare": ffcv_bare, "dali-bare": dali_bare}

@@ -1,0 +1,119 @@
+/* Region-of-interest JPEG decode with libjpeg-turbo: decode only the rows and columns a crop
+ * needs, at a DCT scale of 1/1, 1/2, 1/4 or 1/8.
+ *
+ * Rows above the crop are skipped with jpeg_skip_scanlines (entropy decoding only, no IDCT,
+ * upsampling or colour conversion), rows below it are never decoded (the decompressor is
+ * aborted), and columns outside it are left out with jpeg_crop_scanline, which widens the
+ * region to whole iMCUs. Built and loaded by pipeline/jpeg_roi.py (ctypes). Any libjpeg
+ * warning (truncated or corrupt data) makes the call fail, as Pillow does for a truncated
+ * file, instead of returning grey rows.
+ */
+#include <setjmp.h>
+#include <stdio.h>
+#include <string.h>
+#include <jpeglib.h>
+
+struct error_manager {
+    struct jpeg_error_mgr base;
+    jmp_buf escape;
+    char *message;
+    int message_size;
+};
+
+static void on_error(j_common_ptr info) {
+    struct error_manager *errors = (struct error_manager *)info->err;
+    (*info->err->format_message)(info, errors->message);
+    longjmp(errors->escape, 1);
+}
+
+static void on_message(j_common_ptr info, int level) {
+    if (level < 0) on_error(info);   /* a warning: corrupt or truncated data */
+}
+
+static void start(struct jpeg_decompress_struct *info, struct error_manager *errors,
+                  char *message, int message_size) {
+    info->err = jpeg_std_error(&errors->base);
+    errors->base.error_exit = on_error;
+    errors->base.emit_message = on_message;
+    errors->message = message;
+    errors->message_size = message_size;
+    message[0] = 0;
+}
+
+/* The image's width and height; 0 on success, -1 with `message` set on failure. */
+int jpeg_roi_size(const unsigned char *data, unsigned long size, int *width, int *height,
+                  char *message, int message_size) {
+    struct jpeg_decompress_struct info;
+    struct error_manager errors;
+    start(&info, &errors, message, message_size);
+    if (setjmp(errors.escape)) {
+        jpeg_destroy_decompress(&info);
+        return -1;
+    }
+    jpeg_create_decompress(&info);
+    jpeg_mem_src(&info, data, size);
+    jpeg_read_header(&info, TRUE);
+    *width = (int)info.image_width;
+    *height = (int)info.image_height;
+    jpeg_destroy_decompress(&info);
+    return 0;
+}
+
+/* Decodes, at scale 1/`denominator`, the scaled rows [top, top + rows) and at least the scaled
+ * columns [left, left + cols) into `out` (RGB, rows of `*out_width` pixels, at most `capacity`
+ * bytes). On return `*out_left` is the first decoded column (at most `left`: iMCU-aligned),
+ * `*out_width` the number of columns decoded, `*scaled_width` / `*scaled_height` the size of the
+ * whole scaled image. 0 on success, -1 with `message` set on failure. */
+int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominator,
+                    int top, int rows, int left, int cols, unsigned char *out, long capacity,
+                    int *out_left, int *out_width, int *scaled_width, int *scaled_height,
+                    char *message, int message_size) {
+    struct jpeg_decompress_struct info;
+    struct error_manager errors;
+    start(&info, &errors, message, message_size);
+    if (setjmp(errors.escape)) {
+        jpeg_destroy_decompress(&info);
+        return -1;
+    }
+    jpeg_create_decompress(&info);
+    jpeg_mem_src(&info, data, size);
+    jpeg_read_header(&info, TRUE);
+    if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
+        snprintf(message, message_size, "CMYK JPEG (not decoded here)");
+        jpeg_destroy_decompress(&info);
+        return -1;
+    }
+    info.out_color_space = JCS_RGB;
+    info.scale_num = 1;
+    info.scale_denom = (unsigned int)denominator;
+    jpeg_start_decompress(&info);
+    *scaled_width = (int)info.output_width;
+    *scaled_height = (int)info.output_height;
+    if (top < 0 || rows < 1 || left < 0 || cols < 1 || top + rows > (int)info.output_height ||
+        left + cols > (int)info.output_width) {
+        snprintf(message, message_size, "region outside the %dx%d scaled image", *scaled_width, *scaled_height);
+        jpeg_destroy_decompress(&info);
+        return -1;
+    }
+    JDIMENSION x = (JDIMENSION)left, width = (JDIMENSION)cols;
+    if (width < info.output_width) jpeg_crop_scanline(&info, &x, &width);
+    if ((long)width * 3 * rows > capacity) {
+        snprintf(message, message_size, "output buffer too small");
+        jpeg_destroy_decompress(&info);
+        return -1;
+    }
+    if (top > 0 && jpeg_skip_scanlines(&info, (JDIMENSION)top) != (JDIMENSION)top) {
+        snprintf(message, message_size, "cannot skip %d rows", top);
+        jpeg_destroy_decompress(&info);
+        return -1;
+    }
+    for (int row = 0; row < rows;) {
+        JSAMPROW pointer = out + (long)row * width * 3;
+        row += (int)jpeg_read_scanlines(&info, &pointer, 1);
+    }
+    *out_left = (int)x;
+    *out_width = (int)width;
+    jpeg_abort_decompress(&info);   /* the rows below the crop are never decoded */
+    jpeg_destroy_decompress(&info);
+    return 0;
+}

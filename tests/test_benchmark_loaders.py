@@ -1,0 +1,37 @@
+"""benchmarks/loaders.py end to end on the test photos: it converts what it needs, measures a
+bound, our backend and the bare FFCV and DALI loaders, and appends complete rows."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+HARDWARE_KEYS = {"cpu_model", "cpu_cores", "ram_gb", "gpu_model", "gpu_count", "driver", "instance_type"}
+
+
+def test_loaders_benchmark_rows(sample_sets, tmp_path):
+    backends = ["decode_bound", "webdataset", "ffcv-bare", "dali-bare"]
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loaders.py"), "--source",
+                             str(sample_sets / "photos"), "--cache", str(tmp_path / "cache"), "--results-dir",
+                             str(tmp_path / "results"), "--backends", ",".join(backends), "--splits", "train",
+                             "--resolutions", "64", "--workers", "1", "--epochs", "1", "--batch-size", "16",
+                             "--instance-type", "test.2xlarge"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [results] = (tmp_path / "results").glob("*.jsonl")
+    assert results.name == "test.2xlarge.jsonl"
+    rows = {row["backend"]: row for row in map(json.loads, results.read_text().splitlines())}
+    assert set(rows) == set(backends), result.stdout
+    bound = rows["decode_bound"]["img_per_s"]
+    for name, row in rows.items():
+        assert HARDWARE_KEYS <= set(row["hardware"]) and row["hardware"]["instance_type"] == "test.2xlarge"
+        assert row["benchmark"] == "loaders" and row["split"] == "train" and row["resolution"] == 64
+        assert row["commit"] and row["date"] and "torch" in row["versions"]
+        assert row["img_per_s"] > 0 and row["share_of_decode_bound"] == pytest.approx(row["img_per_s"] / bound)
+        if name != "decode_bound":
+            assert row["images_per_epoch"] == 92 // 16 * 16 and row["peak_rss_mb"] > 50 and 0 < row["cpu_util"] <= 1
+    assert "max side 512" in rows["webdataset"]["dataset"] and "ffcv jpg" in rows["ffcv-bare"]["dataset"]
+    assert rows["decode_bound"]["images_per_epoch"] == 92 and rows["decode_bound"]["decoder"] in ("simplejpeg", "jpeg_roi")

@@ -1,0 +1,123 @@
+"""`tools/diagnose.py` as users run it: the three figures, the verdict by its documented rule,
+the JSON beside the printed report, verdicts forced both ways by honest config changes, and
+config errors. Tiny settings: each run is a few seconds on 2 cores."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from conftest import ROOT, run_tool
+
+RECIPE = ROOT / "algorithms" / "recipes" / "fashion_baseline.yaml"
+VERDICTS = ("DATA-BOUND", "BALANCED", "MODEL-BOUND")
+SHORT = ["--steps", "6", "--warmup", "2"]
+
+
+def tiny(path, *extra) -> list[str]:
+    return ["data.backend=folder", f"data.path={path}", "data.batch_size=16", "data.num_workers=1",
+            "model.width=4", "model.blocks_per_stage=1", "precision=fp32", *extra]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread(monkeypatch):
+    """The model on one thread, as torchrun runs each rank: on a shared 2-core machine, two
+    threads beside a busy loader worker (or other jobs) slow tiny steps down 30-fold, which
+    would make the forced verdicts below depend on the machine's load."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def diagnose(*args, json_path) -> tuple[str, dict]:
+    result = run_tool("diagnose.py", "--config", RECIPE, *args, "--json", json_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, json.loads(json_path.read_text())
+
+
+def printed(stdout: str) -> dict:
+    number = r"\s+([\d,]+) img/s"
+    found = {key: re.search(rf"^{label}{number}", stdout, re.M)
+             for key, label in (("loader", "loader alone"), ("model", "model alone"), ("together", "together"))}
+    assert all(found.values()), stdout
+    figures = {key: int(match[1].replace(",", "")) for key, match in found.items()}
+    figures["wait_percent"] = int(re.search(r"waiting for data (\d+)% of the time", stdout)[1])
+    figures["verdict"] = re.search(r"^verdict: ([A-Z-]+)\.", stdout, re.M)[1]
+    return figures
+
+
+def documented_rule(loader: float, model: float, wait_share: float) -> str:
+    """The module docstring's rule, restated: data-bound below 90% or above 10% waiting; balanced within 10%."""
+    ratio = loader / model
+    if ratio < 0.9 or wait_share > 0.1:
+        return "DATA-BOUND"
+    return "BALANCED" if ratio <= 1.1 else "MODEL-BOUND"
+
+
+def test_fashion_recipe_report_verdict_and_json(sample_sets, tmp_path):
+    stdout, saved = diagnose(*tiny(sample_sets / "fashion"), "--steps", "10", "--warmup", "2",
+                             json_path=tmp_path / "out.json")
+    shown = printed(stdout)
+    assert "one rank's view" in stdout and "algorithms applied as in training: none in the recipe" in stdout
+    assert min(shown["loader"], shown["model"], shown["together"]) > 0
+    assert shown["verdict"] in VERDICTS
+    assert shown["verdict"] == saved["verdict"] == documented_rule(
+        saved["loader_img_per_s"], saved["model_img_per_s"], saved["wait_share"])
+    for key in ("loader", "model", "together"):            # the JSON holds the printed numbers, unrounded
+        assert abs(saved[f"{key}_img_per_s"] - shown[key]) <= 0.5 + 1e-9, (key, saved, stdout)
+    assert abs(100 * saved["wait_share"] - shown["wait_percent"]) <= 0.5 + 1e-9
+    assert saved["backend"] == "folder" and saved["batch_size"] == 16 and saved["resolution"] == [28, 28]
+    assert saved["steps"] == 10 and saved["warmup"] == 2 and saved["suggestions"] == \
+        [line[4:] for line in stdout.splitlines() if line.startswith("  - ")]
+
+
+def test_heavy_decode_and_tiny_model_is_data_bound(sample_sets, tmp_path):
+    """400x350 px photos, fully decoded by one worker, feeding a 4-channel ResNet at 16 px."""
+    stdout, saved = diagnose(*tiny(sample_sets / "photos", "data.resolution=16"), *SHORT,
+                             json_path=tmp_path / "out.json")
+    assert saved["verdict"] == "DATA-BOUND" and saved["loader_img_per_s"] < 0.9 * saved["model_img_per_s"], stdout
+    assert "verdict: DATA-BOUND. The loader delivers" in stdout
+    if (os.cpu_count() or 1) > 1:                          # one worker on a machine with more cores
+        assert any(tip.startswith(f"data.num_workers={os.cpu_count()}") for tip in saved["suggestions"]), stdout
+
+
+def test_resnet18_on_small_jpegs_is_model_bound(sample_sets, tmp_path):
+    """28 px JPEGs decode in a fraction of a millisecond; an ImageNet ResNet-18 at 32 px needs
+    about 10 ms per image on one thread (about 20x slower than the loader here)."""
+    stdout, saved = diagnose(*tiny(sample_sets / "fashion", "model.name=resnet18", "data.resolution=32"), *SHORT,
+                             json_path=tmp_path / "out.json")
+    assert saved["verdict"] == "MODEL-BOUND" and saved["loader_img_per_s"] > 1.1 * saved["model_img_per_s"], stdout
+    assert "verdict: MODEL-BOUND." in stdout
+    assert saved["lower_resolution"]["side"] == 24 and saved["lower_resolution"]["img_per_s"] > 0
+    assert any(tip.startswith("data.batch_size=32") for tip in saved["suggestions"]), stdout
+
+
+def test_config_errors_are_one_line_and_exit_2(tmp_path):
+    for overrides, message in ((["model.widht=4"], "unknown config key 'model.widht'"),
+                               (["data.backend=folder", f"data.path={tmp_path / 'none'}"], "no such directory")):
+        result = run_tool("diagnose.py", "--config", RECIPE, *overrides, timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
+        assert result.stderr.startswith("error: ") and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_backend_suggestion_reads_this_machines_loader_figures(tmp_path, monkeypatch):
+    """The best train figure at the resolution nearest ours, quoted only when it is another backend."""
+    import diagnose as tool
+    results = tmp_path / "this-machine.jsonl"
+    rows = [{"benchmark": "loaders", "backend": "folder", "split": "train", "resolution": 160, "workers": 2,
+             "img_per_s": 1213.5, "dataset": "photos (sample)"},
+            {"benchmark": "loaders", "backend": "dali-wds", "split": "train", "resolution": 160, "workers": 2,
+             "img_per_s": 1287.0, "dataset": "photos (wds)"},
+            {"benchmark": "loaders", "backend": "ffcv", "split": "train", "resolution": 64, "workers": 2,
+             "img_per_s": 9000.0},
+            {"benchmark": "loaders", "backend": "ffcv", "split": "val", "resolution": 160, "workers": 2,
+             "img_per_s": 5000.0},
+            {"benchmark": "models", "img_per_s": 99999.0}]
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setattr(tool, "results_path", lambda hardware: results)
+    tip = tool.backend_from_results(176, "folder")
+    assert tip.startswith("data.backend=dali: dali-wds") and "160 px, 1,287 img/s with 2 workers" in tip
+    assert tool.backend_from_results(176, "dali") is None
+    assert "ffcv" in tool.backend_from_results(32, "folder")
+    monkeypatch.setattr(tool, "results_path", lambda hardware: tmp_path / "none.jsonl")
+    assert "run benchmarks/loaders.py" in tool.backend_from_results(176, "folder")

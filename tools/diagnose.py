@@ -1,0 +1,332 @@
+"""Is this run data-bound? Loader alone vs model alone vs both together, and a verdict.
+
+    python tools/diagnose.py --config RECIPE.yaml [key=value ...] [--steps 100] [--warmup 10]
+                             [--epoch 0] [--ranks-per-machine 1] [--json PATH]
+
+Takes what `training/main.py` takes (a recipe and dotted overrides; a bad config or dataset
+is one line on stderr and exit 2) and measures, in ONE process, one rank's view of the run:
+1. loader alone: the recipe's train loader, batches fetched and dropped;
+2. model alone: the real train step (forward under autocast, loss, backward, optimizer
+   step) with the recipe's model, batch, resolution, precision, channels_last and compile,
+   fed by the `synthetic` backend (random batches already on the device);
+3. together: the real loader feeding the real step; time blocked on the next batch is
+   "waiting for data". On CUDA each step is synchronised, so step time is GPU time and
+   waiting means the GPU sat idle (the loader's workers still prefetch during the step).
+Each figure is img/s over `--steps` steps after `--warmup` untimed ones (worker start-up,
+FFCV's compilation, torch.compile). Every pass re-runs epoch `--epoch`, so a resolution
+schedule stays at that epoch's size. Defaults: 100 timed steps after 10 warm-up ones per
+figure, chosen so that the fashion recipe finishes in about 2 minutes on 2 CPU cores (longer
+when other jobs share them); --steps 300 gives steadier figures.
+
+The run is built by `training.trainer.Trainer` itself, so the recipe's algorithms ARE
+applied as in training: their INIT effects (loader-side progressive resizing, ColOut,
+RandAugment; model surgery) and their per-step hooks (FIT_START once, then AFTER_DATALOADER
+to BATCH_END every step); nothing is evaluated or saved.
+
+Verdict (NOISE = 10%): DATA-BOUND when the loader alone delivers less than 90% of the model
+alone's img/s, or the together run waits for data more than 10% of the time; otherwise
+BALANCED when the loader alone is within 10% of the model alone, else MODEL-BOUND. On a
+machine without an accelerator the loader workers and the model share the CPU cores, so
+"together" can fall below both alone figures: flagged as CPU contention when it is more
+than 10% below the slower one. Suggestions follow, with numbers, only those that apply.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+import torch  # noqa: E402
+
+from algorithms.base import Event  # noqa: E402
+from benchmarks.hardware import results_path, signature  # noqa: E402
+from pipeline import build_loader  # noqa: E402
+from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+from pipeline.datasets import DatasetError  # noqa: E402
+from training.config import ConfigError, load_config  # noqa: E402
+from training.distributed import init_world  # noqa: E402
+from training.main import USAGE_ERROR, _build_algorithms  # noqa: E402
+from training.trainer import Trainer  # noqa: E402
+
+NOISE = 0.10          # relative differences below this are noise on shared machines
+LOWER_SCALE = 0.75    # the lower resolution tried for the model: 224 -> 168 px
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="recipe YAML (e.g. algorithms/recipes/fashion_baseline.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. data.num_workers=2")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per measurement (default 100)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps before each measurement (default 10)")
+    parser.add_argument("--epoch", type=int, default=0, help="the epoch measured: its resolution (default 0)")
+    parser.add_argument("--ranks-per-machine", type=int, default=1,
+                        help="training processes per machine: they share its cores (default 1)")
+    parser.add_argument("--json", type=Path, help="also write the figures and verdict here (atomically)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.epoch < 0 or args.ranks_per_machine < 1:
+        parser.error("need --steps >= 1, --warmup >= 0, --epoch >= 0, --ranks-per-machine >= 1")
+    return args
+
+
+# --- measuring ---------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def passes(loader, epoch: int):
+    """The loader's batches, pass after pass over epoch `epoch`."""
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+
+
+def real_train_step(trainer: Trainer):
+    """One optimizer step on a batch exactly as Trainer._train_epoch takes it, events included."""
+    state, engine = trainer.state, trainer.engine
+
+    def train_step(images, targets):
+        state.images, state.targets = images, targets
+        engine.fire(Event.AFTER_DATALOADER, state)
+        trainer._optimizer_step()
+        state.step, state.samples_seen = state.step + 1, state.samples_seen + targets.shape[0]
+        engine.fire(Event.BATCH_END, state)
+    return train_step
+
+
+def measure(loader, epoch: int, warmup: int, steps: int, device: torch.device, train_step=None) -> dict:
+    """img/s over `steps` batches after `warmup`, and the seconds spent waiting for batches vs in steps."""
+    batches = passes(loader, epoch)
+    try:
+        for _ in range(warmup):
+            images, targets = next(batches)
+            if train_step:
+                train_step(images, targets)
+        sync(device)
+        count, waiting, stepping = 0, 0.0, 0.0
+        for _ in range(steps):
+            start = time.perf_counter()
+            images, targets = next(batches)
+            fetched = time.perf_counter()
+            if train_step:
+                train_step(images, targets)
+                sync(device)   # the GPU's work counts as step time, not as the next wait
+            count, waiting, stepping = (count + targets.shape[0], waiting + fetched - start,
+                                        stepping + time.perf_counter() - fetched)
+        start = time.perf_counter()
+        sync(device)           # the loader's last asynchronous copies belong to loading
+        waiting += time.perf_counter() - start
+    finally:
+        batches.close()
+    return {"img_per_s": count / (waiting + stepping), "wait_share": waiting / (waiting + stepping)}
+
+
+def synthetic_twin(loader, **changes):
+    """A synthetic loader with the real one's spec as INIT left it (batch, schedule, ColOut, device, dtype)."""
+    return build_loader(dataclasses.replace(loader.spec, backend="synthetic", path=None, num_classes=loader.num_classes,
+                                            synthetic_size=100 * loader.spec.batch_size, **changes))
+
+
+# --- judging -----------------------------------------------------------------------------
+def verdict(loader_ips: float, model_ips: float, wait_share: float) -> str:
+    ratio = loader_ips / model_ips
+    if ratio < 1 - NOISE or wait_share > NOISE:
+        return "DATA-BOUND"
+    return "BALANCED" if ratio <= 1 + NOISE else "MODEL-BOUND"
+
+
+def explain(figures: dict, cores: int) -> str:
+    ratio, wait = figures["loader_img_per_s"] / figures["model_img_per_s"], figures["wait_share"]
+    text = {"DATA-BOUND": f"The loader delivers {ratio:.0%} of what the model can take." if ratio < 1 - NOISE else
+            f"The loader alone keeps up ({ratio:.2f}x the model), but together the step waited {wait:.0%} of "
+            f"the time for data.",
+            "BALANCED": f"Loader and model are within noise ({NOISE:.0%}) of each other (the loader delivers "
+                        f"{ratio:.0%} of what the model takes): speeding up one alone gains little.",
+            "MODEL-BOUND": f"The loader delivers {ratio:.1f}x what the model can take: the train step is the "
+                           f"bottleneck."}[figures["verdict"]]
+    slower = min(figures["loader_img_per_s"], figures["model_img_per_s"])
+    if figures["together_img_per_s"] > (1 + NOISE) * slower:
+        text += (f" Unsteady figures: together ran {figures['together_img_per_s'] / slower - 1:.0%} faster than the "
+                 f"slower of the two alone, which a steady machine does not do: most likely other jobs came or went "
+                 f"between the measurements; rerun with more --steps on a quiet machine.")
+    if figures["cpu_contention"]:
+        text += (f" CPU contention: with no accelerator, loader workers and the model share the {cores} cores, so "
+                 f"together runs at {figures['together_img_per_s'] / slower:.0%} of the slower of the two alone.")
+    return text
+
+
+def backend_from_results(side: int, current: str) -> str | None:
+    """The best train-loader figure measured on this kind of machine at the nearest resolution, if not ours."""
+    path = results_path(signature())
+    if not path.exists():
+        return f"another backend: run benchmarks/loaders.py to compare backends here (no {path.name} yet)"
+    rows = [row for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+            for row in [json.loads(line)] if row.get("benchmark") == "loaders" and row.get("split") == "train"
+            and row.get("backend") != "synthetic" and {"resolution", "img_per_s"} <= row.keys()]
+    if not rows:
+        return f"another backend: {path.name} has no loader figures; run benchmarks/loaders.py"
+    nearest = min({row["resolution"] for row in rows}, key=lambda res: abs(res - side))
+    best = max((row for row in rows if row["resolution"] == nearest), key=lambda row: row["img_per_s"])
+    if best["backend"].split("-")[0] == current:   # "dali-wds" is backend dali
+        return None
+    return (f"data.backend={best['backend'].split('-')[0]}: {best['backend']} is the fastest measured on this "
+            f"machine at {nearest} px, {best['img_per_s']:,.0f} img/s with {best.get('workers', '?')} workers "
+            f"({path.name}, {best.get('dataset', 'its dataset')})")
+
+
+def suggestions(figures: dict, config, spec, cores: int, ranks: int, on_cuda: bool) -> list[str]:
+    tips, per_rank = [], max(1, cores // ranks)
+    # FFCV sets torch's thread count to its own workers, so only other backends can be told apart
+    if figures["cpu_contention"] and spec.backend != "ffcv" and figures["torch_threads"] + spec.num_workers > per_rank:
+        tips.append(f"OMP_NUM_THREADS={max(1, per_rank - spec.num_workers)} (the model runs {figures['torch_threads']} "
+                    f"threads beside {spec.num_workers} loader worker(s) on {per_rank} cores): on oversubscribed "
+                    f"cores torch's threads wait for each other; torchrun sets 1 per rank unless told otherwise")
+    if figures["verdict"] != "MODEL-BOUND":
+        workers = max(1, spec.num_workers)
+        if workers < per_rank:
+            tips.append(f"data.num_workers={per_rank} (now {spec.num_workers}; {spec.num_workers} x {ranks} rank(s) "
+                        f"on {cores} cores): about {figures['loader_img_per_s'] * per_rank / workers:,.0f} img/s "
+                        f"if decode scales with workers (estimate)"
+                        + ("" if on_cuda else "; here they also take cores from the model"))
+        else:
+            tips.append(f"workers already fill this rank's share of the cores ({spec.num_workers} x {ranks} rank(s) "
+                        f"on {cores}): more workers will not help here; more CPU cores per accelerator will")
+        tip = backend_from_results(figures["resolution"][0], spec.backend)
+        if tip:
+            tips.append(tip)
+        if on_cuda and spec.backend != "dali":
+            tips.append(f"data.backend=dali: nvJPEG 'mixed' decode on the GPU takes JPEG decode off the {cores} "
+                        f"CPU cores (reads the webdataset or folder copy; measure it with benchmarks/loaders.py)")
+        if spec.randaugment:
+            depth, severity = spec.randaugment
+            tips.append(f"fewer augmentations: RandAugment runs {depth} operation(s) per sample (severity "
+                        f"{severity}) in the loader's workers; depth {depth - 1} or off cuts that work")
+        if spec.colout:
+            tips.append(f"ColOut {spec.colout} runs per sample in the loader's workers (a copy of every image); "
+                        f"off, or mode=batch, takes that copy out of the workers")
+    if figures["verdict"] != "DATA-BOUND":
+        lower = figures.get("lower_resolution")
+        if lower:
+            kind = "measured" if lower["measured"] else "estimate, (side/new side)^2"
+            ramp = ("progressive_resizing is on: a lower initial_scale" if "progressive_resizing" in config.algorithms
+                    else "progressive_resizing trains most epochs below full size")
+            tips.append(f"lower resolution: the model alone does {lower['img_per_s']:,.0f} img/s at {lower['side']} px "
+                        f"({kind}, {lower['img_per_s'] / figures['model_img_per_s']:.2f}x); {ramp}")
+        if not on_cuda and figures["torch_threads"] < per_rank:
+            how = (f"data.num_workers={per_rank} (FFCV sets torch's thread count to its workers)"
+                   if spec.backend == "ffcv" else f"OMP_NUM_THREADS={per_rank}")
+            tips.append(f"the model runs {figures['torch_threads']} torch thread(s) on this rank's {per_rank} cores; "
+                        f"{how} gives it {per_rank}")
+        if not config.channels_last:
+            tips.append("channels_last=true (off now): NHWC convolutions, most of the gain on GPUs under AMP")
+        if on_cuda and config.precision == "fp32":
+            tips.append("precision=bf16 (fp32 now): autocast runs the convolutions on tensor cores (not measured here)")
+        if not config.compile:
+            tips.append("compile=true (off now): torch.compile fuses the model's elementwise work (not measured here)")
+        tips.append(f"data.batch_size={2 * config.data.batch_size} (now {config.data.batch_size}), if memory allows: "
+                    f"the LR follows linearly (optim.lr_reference_batch)")
+    return tips
+
+
+def lower_resolution(trainer: Trainer, args, figures: dict, device: torch.device) -> dict | None:
+    """The model alone at LOWER_SCALE of the side: measured briefly, or estimated when compile would recompile."""
+    side = trainer.state.train_loader.side          # before ColOut, which the synthetic twin applies again
+    new_side = max(8, round(side * LOWER_SCALE / 4) * 4)
+    if new_side >= side:
+        return None
+    if trainer.config.compile:
+        return {"side": new_side, "img_per_s": figures["model_img_per_s"] * (side / new_side) ** 2, "measured": False}
+    loader = synthetic_twin(trainer.state.train_loader, resolution=new_side)
+    quick = measure(loader, args.epoch, min(args.warmup, 5), max(5, args.steps // 4), device,
+                    real_train_step(trainer))
+    return {"side": new_side, "img_per_s": quick["img_per_s"], "measured": True}
+
+
+# --- the run -----------------------------------------------------------------------------
+def diagnose(args, config, algorithms) -> dict:
+    world = init_world(config.device)
+    cores, ranks = os.cpu_count() or 1, args.ranks_per_machine
+    if world.device.type == "cpu" and ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, cores // ranks))   # this rank's share, as in a multi-rank run
+    trainer = Trainer(config, world, algorithms)     # builds loaders and model, fires INIT
+    state, device = trainer.state, world.device
+    trainer.engine.fire(Event.FIT_START, state)       # e.g. EMA and SAM set themselves up here
+    loader, train_step = state.train_loader, real_train_step(trainer)
+    spec = loader.spec
+
+    alone = measure(loader, args.epoch, args.warmup, args.steps, device)
+    model = measure(synthetic_twin(loader), args.epoch, args.warmup, args.steps, device, train_step)
+    together = measure(loader, args.epoch, args.warmup, args.steps, device, train_step)
+    figures = {"view": "one process: one rank's view", "device": str(device), "cpu_cores": cores,
+               "torch_threads": torch.get_num_threads(),   # read now: FFCV sets it when its loader starts
+               "ranks_per_machine": ranks, "steps": args.steps, "warmup": args.warmup, "epoch": args.epoch,
+               "algorithms": list(config.algorithms), "algorithms_applied": True, "backend": spec.backend,
+               "num_workers": spec.num_workers, "batch_size": spec.batch_size, "resolution": list(loader.resolution),
+               "model": config.model.name, "precision": config.precision, "channels_last": config.channels_last,
+               "compile": config.compile, "loader_img_per_s": round(alone["img_per_s"], 1),
+               "model_img_per_s": round(model["img_per_s"], 1), "together_img_per_s": round(together["img_per_s"], 1),
+               "wait_share": round(together["wait_share"], 4)}
+    figures["verdict"] = verdict(figures["loader_img_per_s"], figures["model_img_per_s"], figures["wait_share"])
+    figures["cpu_contention"] = device.type == "cpu" and figures["together_img_per_s"] < (1 - NOISE) * min(
+        figures["loader_img_per_s"], figures["model_img_per_s"])
+    figures["verdict_text"] = explain(figures, cores)
+    if figures["verdict"] != "DATA-BOUND":
+        figures["lower_resolution"] = lower_resolution(trainer, args, figures, device)
+    figures["suggestions"] = suggestions(figures, config, spec, cores, ranks, device.type == "cuda")
+    return figures
+
+
+def report(figures: dict) -> str:
+    height, width = figures["resolution"]
+    pixels = f"{height} px" if height == width else f"{height}x{width} px"
+    workers = f"{figures['num_workers']} worker{'s' * (figures['num_workers'] != 1)}"
+    layout = "channels_last" if figures["channels_last"] else "contiguous"
+    applied = ", ".join(figures["algorithms"]) or "none in the recipe"
+    lines = [f"{figures['view']} on {figures['device']} ({figures['cpu_cores']} cores, {figures['torch_threads']} "
+             f"torch thread(s), {figures['ranks_per_machine']} rank(s) per machine); epoch {figures['epoch']}, "
+             f"{figures['steps']} timed steps after {figures['warmup']} warm-up step(s) per figure",
+             f"algorithms applied as in training: {applied}",
+             f"loader alone   {figures['loader_img_per_s']:>9,.0f} img/s   ({figures['backend']}, {workers}, {pixels}, "
+             f"batch {figures['batch_size']})",
+             f"model alone    {figures['model_img_per_s']:>9,.0f} img/s   ({figures['model']}, {figures['precision']}, "
+             f"{layout}{', compiled' if figures['compile'] else ''}; synthetic batches)",
+             f"together       {figures['together_img_per_s']:>9,.0f} img/s   waiting for data "
+             f"{figures['wait_share']:.0%} of the time",
+             f"verdict: {figures['verdict']}. {figures['verdict_text']}"]
+    if figures["suggestions"]:
+        lines.append(f"try, on this machine ({figures['cpu_cores']} cores):")
+        lines += [f"  - {tip}" for tip in figures["suggestions"]]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            raise ConfigError("diagnose.py measures one rank in one process: run it with python, not torchrun "
+                              "(--ranks-per-machine says how many ranks share the machine)")
+        with tempfile.TemporaryDirectory(prefix="diagnose-") as run_dir:   # Trainer wants a run dir; keep none
+            config = load_config(args.config, [*args.overrides, f"run_dir={run_dir}", "resume=never",
+                                               "log.progress=false", "log.tensorboard=false"])
+            figures = diagnose(args, config, _build_algorithms(config.algorithms))
+    except (ConfigError, DatasetError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    print(report(figures), flush=True)
+    if args.json:
+        figures["recipe"], figures["overrides"] = args.config, args.overrides
+        write_bytes_atomic(args.json, (json.dumps(figures, indent=2) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
