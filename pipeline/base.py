@@ -120,13 +120,15 @@ class Loader:
         return colout_batch(images, *self.spec.colout, generator=self._batch_generator(batch_index))
 
     def _to_model_input(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 (N, 3, H, W) on the host, any memory layout -> normalized, channels_last, on the device.
+        """(N, 3, H, W) on the host, any memory layout -> normalized, channels_last, on the device.
+        uint8 batches are normalized here, float ones were already (in the workers, for a CPU device).
 
         Normalizing after the copy moves a quarter of the bytes a float batch would, and
         yields a new tensor, so a backend's reused output buffers never leak to the caller.
         """
         images = images.to(self.device, non_blocking=True)
-        images = images.float().sub_(self._mean).mul_(self._inv_std)
+        if images.dtype == torch.uint8:
+            images = images.float().sub_(self._mean).mul_(self._inv_std)
         return images.to(self.spec.dtype).contiguous(memory_format=torch.channels_last)
 
     def _to_device_labels(self, labels: torch.Tensor) -> torch.Tensor:

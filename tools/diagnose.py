@@ -53,7 +53,7 @@ from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 from pipeline.datasets import DatasetError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 from training.distributed import init_world  # noqa: E402
-from training.main import USAGE_ERROR, _build_algorithms  # noqa: E402
+from training.main import USAGE_ERROR, algorithms_from_config  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
 NOISE = 0.10          # relative differences below this are noise on shared machines
@@ -96,7 +96,7 @@ def real_train_step(trainer: Trainer):
     def train_step(images, targets):
         state.images, state.targets = images, targets
         engine.fire(Event.AFTER_DATALOADER, state)
-        trainer._optimizer_step()
+        trainer.optimizer_step()
         state.step, state.samples_seen = state.step + 1, state.samples_seen + targets.shape[0]
         engine.fire(Event.BATCH_END, state)
     return train_step
@@ -317,7 +317,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="diagnose-") as run_dir:   # Trainer wants a run dir; keep none
             config = load_config(args.config, [*args.overrides, f"run_dir={run_dir}", "resume=never",
                                                "log.progress=false", "log.tensorboard=false"])
-            figures = diagnose(args, config, _build_algorithms(config.algorithms))
+            figures = diagnose(args, config, algorithms_from_config(config.algorithms))
     except (ConfigError, DatasetError) as error:
         print(f"error: {error}", file=sys.stderr)
         return USAGE_ERROR

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config, args.overrides)
-        algorithms = _build_algorithms(config.algorithms)
+        algorithms = algorithms_from_config(config.algorithms)
         world = init_world(config.device)
         try:
             Trainer(config, world, algorithms).fit()
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def _build_algorithms(settings: dict):
+def algorithms_from_config(settings: dict):
     try:
         return build_algorithms(settings)
     except ValueError as error:

@@ -128,7 +128,7 @@ class Trainer:
         for images, targets in state.train_loader:
             state.images, state.targets = images, targets
             self.engine.fire(Event.AFTER_DATALOADER, state)
-            loss_sum += self._optimizer_step()
+            loss_sum += self.optimizer_step()
             samples = targets.shape[0] * world.size
             state.step, state.batch_in_epoch = state.step + 1, state.train_loader.position
             state.samples_seen += samples
@@ -159,7 +159,7 @@ class Trainer:
             self.log.print(f"epoch {state.epoch + 1}/{state.epochs}: {epoch_samples / seconds:,.0f} img/s, "
                            f"lr {state.lr:.4g}, resolution {state.train_loader.resolution}")
 
-    def _optimizer_step(self) -> torch.Tensor:
+    def optimizer_step(self) -> torch.Tensor:
         """One optimizer step over the batch in state, in `grad_accum` micro-batches; the batch's mean loss."""
         state, accum = self.state, self.config.grad_accum
         images, targets = state.images, state.targets
