@@ -19,6 +19,7 @@ import torch
 from pipeline.colout import colout_batch, kept_size
 from pipeline.crops import sample_seed
 from pipeline.datasets import CorruptSample
+from pipeline.normalize import normalized_batch
 from pipeline.spec import LoaderSpec
 
 log = logging.getLogger("pipeline")
@@ -121,11 +122,14 @@ class Loader:
 
     def _to_model_input(self, images: torch.Tensor) -> torch.Tensor:
         """(N, 3, H, W) on the host, any memory layout -> normalized, channels_last, on the device.
-        uint8 batches are normalized here, float ones were already (in the workers, for a CPU device).
+        uint8 batches are normalized here (on a CPU by `pipeline/normalize.py`, on a GPU after the
+        copy); float ones already were, in the workers.
 
         Normalizing after the copy moves a quarter of the bytes a float batch would, and
         yields a new tensor, so a backend's reused output buffers never leak to the caller.
         """
+        if images.dtype == torch.uint8 and self.device.type == "cpu":
+            images = normalized_batch(images.permute(0, 2, 3, 1).numpy(), self.spec.mean, self.spec.std)
         images = images.to(self.device, non_blocking=True)
         if images.dtype == torch.uint8:
             images = images.float().sub_(self._mean).mul_(self._inv_std)

@@ -24,6 +24,7 @@ from pipeline import jpeg_roi
 from pipeline.colout import colout_sample
 from pipeline.crops import center_crop, sample_seed, sample_uniforms, train_crop
 from pipeline.datasets import CorruptSample
+from pipeline.normalize import normalized_batch
 from pipeline.randaugment import randaugment_image
 from pipeline.spec import LoaderSpec
 
@@ -112,34 +113,19 @@ def load_or_report(source, spec: LoaderSpec, **options) -> np.ndarray | str:
 
 def collate(images: list, labels: list, spec: LoaderSpec) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Decoded samples (error messages where one failed) -> an (N, 3, H, W) view of an NHWC
-    batch, int64 labels, and the error messages.
-
-    For a CUDA device the batch stays uint8 (a quarter of the bytes to copy; the GPU
-    normalizes). For a CPU device each sample is normalized here, while it is still in the
-    worker's cache: in the main process the same work is several passes over a batch too big
-    for any cache, which cost about 200-300 us an image at 160 px on this project's 2-core
-    machines. In a worker the batch is made in shared memory, so handing it to the main
-    process copies nothing.
-    """
+    batch, int64 labels, and the error messages. For a CUDA device the batch stays uint8 (a
+    quarter of the bytes to copy; the GPU normalizes); for a CPU device it is normalized here,
+    in the worker (`pipeline/normalize.py`), into shared memory, so the main process gets it
+    without a copy and without the work."""
     kept = [(image, label) for image, label in zip(images, labels) if not isinstance(image, str)]
     errors = [image for image in images if isinstance(image, str)]
+    labels = torch.tensor([label for _, label in kept], dtype=torch.int64)
     if not kept:
-        return torch.empty(0, 3, 1, 1, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), errors
-    normalize = not spec.device.startswith("cuda")
-    batch = torch.empty((len(kept), *kept[0][0].shape), dtype=torch.float32 if normalize else torch.uint8)
-    if get_worker_info() is not None:
-        batch.share_memory_()
-    out = batch.numpy()
-    if normalize:
-        mean = np.array(spec.mean, np.float32) * 255
-        inverse_std = 1 / (np.array(spec.std, np.float32) * 255)
-    for slot, (image, _) in zip(out, kept):
-        if normalize:
-            np.subtract(image, mean, out=slot, dtype=np.float32)
-            slot *= inverse_std
-        else:
-            slot[...] = image
-    return batch.permute(0, 3, 1, 2), torch.tensor([label for _, label in kept], dtype=torch.int64), errors
+        return torch.empty(0, 3, 1, 1, dtype=torch.uint8), labels, errors
+    if spec.device.startswith("cuda"):
+        return torch.from_numpy(np.stack([image for image, _ in kept])).permute(0, 3, 1, 2), labels, errors
+    in_worker = get_worker_info() is not None
+    return normalized_batch([image for image, _ in kept], spec.mean, spec.std, shared=in_worker), labels, errors
 
 
 _LIVE_DATALOADERS: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
