@@ -292,6 +292,17 @@ def build_report(rows: list[dict], out: Path, resolution: int, plt) -> tuple[str
     text, images = ["# Benchmark report", ""], []
     if not machines:
         text += ["No loaders or models figures found.", ""]
+
+    def add_plot(figure, name: str, caption: str) -> bool:
+        """Saves a figure (None: nothing to plot) as OUT/name and links it; whether it did."""
+        if figure is None:
+            return False
+        save_png(figure, out / name)
+        plt.close(figure)
+        images.append(out / name)
+        text.extend([f"![{caption}]({name})", ""])
+        return True
+
     for machine in machines:
         machine_rows = by_machine[machine]
         loaders = [r for r in machine_rows if r["benchmark"] == "loaders"]
@@ -301,13 +312,8 @@ def build_report(rows: list[dict], out: Path, resolution: int, plt) -> tuple[str
         text += [f"## {machine}", "", describe(machine_rows[-1]["hardware"]) + "." + measured, "",
                  "### Loader throughput (img/s)", "", *loader_section(loaders), "",
                  "### Model-bound throughput (img/s)", "", *model_section(models), ""]
-        figure = machine_plot(plt, machine, loaders, models)
-        if figure is not None:
-            path = out / f"{machine}-train-vs-resolution.png"
-            save_png(figure, path)
-            plt.close(figure)
-            images.append(path)
-            text += [f"![{machine}: train img/s against resolution]({path.name})", ""]
+        add_plot(machine_plot(plt, machine, loaders, models), f"{machine}-train-vs-resolution.png",
+                 f"{machine}: train img/s against resolution")
 
     # Across machines: each machine's best workers count, since machines differ in cores.
     best_rows = {}                                   # (backend, split, resolution, machine) -> row
@@ -326,14 +332,8 @@ def build_report(rows: list[dict], out: Path, resolution: int, plt) -> tuple[str
     else:
         text.append("No loader figures.")
     text.append("")
-    figure = cross_plot(plt, best_rows, machines, resolution)
-    if figure is not None:
-        path = out / f"across-machines-train-{resolution}.png"
-        save_png(figure, path)
-        plt.close(figure)
-        images.append(path)
-        text += [f"![train img/s at {resolution} px across machines]({path.name})", ""]
-    else:
+    if not add_plot(cross_plot(plt, best_rows, machines, resolution), f"across-machines-train-{resolution}.png",
+                    f"train img/s at {resolution} px across machines"):
         text += [f"No train loader figures at {resolution} px to plot across machines.", ""]
     return "\n".join(text), images
 

@@ -40,6 +40,13 @@ static void start(struct jpeg_decompress_struct *info, struct error_manager *err
     message[0] = 0;
 }
 
+/* Called after the caller's setjmp: libjpeg's errors jump back into the caller's frame. */
+static void read_header(struct jpeg_decompress_struct *info, const unsigned char *data, unsigned long size) {
+    jpeg_create_decompress(info);
+    jpeg_mem_src(info, data, size);
+    jpeg_read_header(info, TRUE);
+}
+
 /* The image's width and height; 0 on success, -1 with `message` set on failure. */
 int jpeg_roi_size(const unsigned char *data, unsigned long size, int *width, int *height,
                   char *message, int message_size) {
@@ -50,9 +57,7 @@ int jpeg_roi_size(const unsigned char *data, unsigned long size, int *width, int
         jpeg_destroy_decompress(&info);
         return -1;
     }
-    jpeg_create_decompress(&info);
-    jpeg_mem_src(&info, data, size);
-    jpeg_read_header(&info, TRUE);
+    read_header(&info, data, size);
     *width = (int)info.image_width;
     *height = (int)info.image_height;
     jpeg_destroy_decompress(&info);
@@ -75,9 +80,7 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
         jpeg_destroy_decompress(&info);
         return -1;
     }
-    jpeg_create_decompress(&info);
-    jpeg_mem_src(&info, data, size);
-    jpeg_read_header(&info, TRUE);
+    read_header(&info, data, size);
     if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
         snprintf(message, message_size, "CMYK JPEG (not decoded here)");
         jpeg_destroy_decompress(&info);

@@ -33,7 +33,7 @@ RANDAUGMENT_STREAM = 2    # a random stream of its own per sample, apart from th
 
 
 def draft_reduction(crop_height: int, crop_width: int, side: int) -> int:
-    """The largest DCT scale denominator (1, 2, 4, 8) that keeps the crop at least `side` pixels."""
+    """The largest DCT scale denominator (1, 2, 4, 8) that keeps the crop at least 2 x `side` pixels."""
     reduction = 1
     while reduction < 8 and min(crop_height, crop_width) >= 2 * reduction * side:
         reduction *= 2
@@ -62,7 +62,7 @@ def load_sample(source, spec: LoaderSpec, *, name: str, sample_id: int, epoch: i
     except DECODE_ERRORS as error:
         raise CorruptSample(f"{name}: cannot decode ({error})") from None
     if flip:
-        pixels = pixels[:, ::-1]    # a view: collate's stack makes the one copy
+        pixels = pixels[:, ::-1]    # a view: assembling the batch makes the one copy
     if spec.colout and spec.train:
         pixels = colout_sample(pixels, *spec.colout, np.random.default_rng(uniforms[:2].view(np.uint64)))
     return pixels
