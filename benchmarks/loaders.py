@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -68,7 +69,6 @@ class PeakMemory(threading.Thread):
         self.peak_mb, self.running = 0.0, True
 
     def run(self):
-        import os
         while self.running:
             pids, total = [os.getpid()], 0
             while pids:
@@ -90,11 +90,10 @@ def build(config: dict):
         from benchmarks.bare_loaders import BARE
         return BARE[kind](config)
     from pipeline import LoaderSpec, build_loader
-    loader = build_loader(LoaderSpec(kind, path=config["path"], split=config["split"],
-                                     batch_size=config["batch_size"], resolution=config["resolution"],
-                                     val_resolution=config["resolution"], num_workers=config["workers"],
-                                     synthetic_size=config["synthetic_size"]))
-    return loader
+    return build_loader(LoaderSpec(kind, path=config["path"], split=config["split"],
+                                   batch_size=config["batch_size"], resolution=config["resolution"],
+                                   val_resolution=config["resolution"], num_workers=config["workers"],
+                                   synthetic_size=config["synthetic_size"]))
 
 
 def measure(config: dict) -> dict:
