@@ -8,11 +8,12 @@ Without CUDA the same graph runs on the CPU (`device_id=None`). RandAugment, whe
 asks for it, is DALI's own `auto_aug.rand_augment` after the resize, with the magnitude
 scale `pipeline/randaugment.py` gives the PIL backends.
 
-Epochs: a pipeline is built per epoch (about 0.1 s), seeded from (seed, rank, epoch), with
+Epochs: a pipeline is built per epoch (about 10 ms), seeded from (seed, rank, epoch), with
 the epoch's resolution as a constant, so a schedule decodes straight to the new size and
-an epoch can be replayed exactly. Folder source: the reader gets this rank's file list for
+an epoch can be replayed exactly. Each pipeline is run exactly once per batch of its epoch,
+and the next epoch's is started as soon as an epoch ends (`_EpochRun`). Folder source: the reader gets this rank's file list for
 the epoch from `pipeline.sharding`, already in order. Shard source: DALI's own sharding
-(`shard_id`/`num_shards`, `pad_last_batch`, padding dropped by the iterator), rotated by one
+(`shard_id`/`num_shards`, `pad_last_batch`, the padding dropped here), rotated by one
 shard per epoch in training. Resuming at batch b runs the first b batches again and drops
 them: DALI's random crops advance per-position generators, so skipping samples instead
 would change every later augmentation. DALI cannot skip an undecodable sample: the error
@@ -25,19 +26,19 @@ import re
 import torch
 from nvidia.dali import fn, math as dali_math, pipeline_def, types
 from nvidia.dali.auto_aug import rand_augment
-from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from pipeline.base import Loader
 from pipeline.crops import RANDOM_CROP_ATTEMPTS, sample_seed
 from pipeline.datasets import DatasetError, is_converted, read_converted, read_folder
 from pipeline.randaugment import SEVERITY_BINS
-from pipeline.sharding import rank_batches, rank_samples
+from pipeline.sharding import rank_batches, rank_range, rank_samples
 from pipeline.spec import LoaderSpec
 
 # nvJPEG scratch sizes that avoid re-allocations on ImageNet (as in DALI's ResNet-50 example).
 DEVICE_MEMORY_PADDING, HOST_MEMORY_PADDING = 211_025_920, 140_544_512
 HW_DECODER_LOAD = 0.65
 SHUFFLE_FILL = 1024
+PREFETCH_DEPTH = 2
 
 
 class DALILoader(Loader):
@@ -50,6 +51,7 @@ class DALILoader(Loader):
             classes, self.files = read_folder(spec.path, spec.split)
             self.count = len(self.files)
         self.cuda = spec.device.startswith("cuda")
+        self._ahead = None                # (run key, _EpochRun) started during the last epoch
         super().__init__(spec, len(classes))
         self.device_id = (self.device.index if self.device.index is not None else torch.cuda.current_device()) \
             if self.cuda else None
@@ -58,32 +60,41 @@ class DALILoader(Loader):
         return rank_batches(self.count, self.spec)
 
     def _batches(self, epoch: int, start: int):
-        pipe = self._pipeline(epoch)
-        policy = LastBatchPolicy.DROP if self.spec.drop_last else LastBatchPolicy.PARTIAL
+        spec = self.spec
+        lo, hi = rank_range(self.count, spec.rank, spec.world_size, shuffle=spec.train)
         try:
-            pipe.build()
-            batches = DALIGenericIterator([pipe], ["images", "labels"], reader_name="reader",
-                                          last_batch_policy=policy, auto_reset=False)
-            for index, outputs in enumerate(batches):
-                if index >= len(self):
-                    break
+            run = self._take_run(epoch)
+            for index, (images, labels) in enumerate(run):
                 if index >= start:
-                    images, labels = outputs[0]["images"], outputs[0]["labels"]
-                    images = self._colout(images.permute(0, 3, 1, 2), index)
-                    yield index, images.to(self.spec.dtype).contiguous(memory_format=torch.channels_last), \
-                        self._to_device_labels(labels)
+                    keep = min(spec.batch_size, hi - lo - index * spec.batch_size)   # the reader pads the last batch
+                    images = self._colout(images[:keep].permute(0, 3, 1, 2), index)
+                    yield index, images.to(spec.dtype).contiguous(memory_format=torch.channels_last), \
+                        self._to_device_labels(labels[:keep])
+            del run                      # this pipeline's threads end before the next one's start
+            self._ahead = (self._run_key(epoch + 1), self._start_run(epoch + 1))
         except RuntimeError as error:
             first_line = _summary(error)
-            raise DatasetError(f"{self.spec.path}: DALI failed while reading the {self.spec.split} split "
+            raise DatasetError(f"{spec.path}: DALI failed while reading the {spec.split} split "
                                f"({first_line})") from None
-        finally:
-            del pipe
 
-    def _pipeline(self, epoch: int):
+    def _run_key(self, epoch: int) -> int:
+        """Epochs whose pipelines are the same: every val epoch reads the same crops."""
+        return epoch if self.spec.train else 0
+
+    def _take_run(self, epoch: int) -> _EpochRun:
+        """This epoch's run: the one started ahead during the last epoch if it is this epoch's
+        (a resume or a replay of another epoch drops it), else a new one."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == self._run_key(epoch):
+            return ahead[1]
+        return self._start_run(epoch)
+
+    def _start_run(self, epoch: int) -> _EpochRun:
         spec = self.spec
         seed = sample_seed(spec.seed + 7919 * spec.rank, epoch, 0) % (2 ** 31)
-        return _graph(self, epoch, batch_size=spec.batch_size, num_threads=max(1, spec.num_workers),
-                      device_id=self.device_id, seed=seed, prefetch_queue_depth=2)
+        pipe = _graph(self, epoch, batch_size=spec.batch_size, num_threads=max(1, spec.num_workers),
+                      device_id=self.device_id, seed=seed, prefetch_queue_depth=PREFETCH_DEPTH)
+        return _EpochRun(pipe, len(self))
 
     def _read(self, epoch: int):
         """(jpegs, labels) from the reader for this rank and epoch."""
@@ -99,6 +110,44 @@ class DALILoader(Loader):
             ext=["jpg", "lbl"], dtypes=[types.UINT8, types.INT32], missing_component_behavior="error",
             shard_id=shard_id, num_shards=spec.world_size, stick_to_shard=True, pad_last_batch=True,
             random_shuffle=spec.train, initial_fill=SHUFFLE_FILL, name="reader")
+
+
+class _EpochRun:
+    """One epoch's pipeline, run exactly once per batch of its epoch.
+
+    DALI's own iterator keeps one pipeline, which runs on into the next epoch. A pipeline
+    per epoch (for exact replay) instead computed batches past its end, threw them away and
+    waited for them when deleted. Here no run is scheduled past the epoch's end, and the
+    loader starts the next epoch's run as soon as this one ends, so a val run fills during
+    training and a train run during evaluation. Starting it earlier, beside this epoch's
+    last batches, also hid the restart on back-to-back epochs, but made the process's RSS
+    grow by about 25 MB an epoch (glibc kept the memory of the two thread pools'
+    interleaved allocations), so it is not done.
+    """
+
+    def __init__(self, pipe, batches: int):
+        self.pipe, self.batches, self.scheduled = pipe, batches, 0
+        pipe.build()
+        self._schedule()
+
+    @property
+    def all_scheduled(self) -> bool:
+        return self.scheduled >= self.batches
+
+    def _schedule(self) -> None:
+        if not self.all_scheduled:
+            self.scheduled += PREFETCH_DEPTH if self.scheduled == 0 else 1   # the first call fills the queue
+            self.pipe.schedule_run()
+
+    def __iter__(self):
+        for _ in range(self.batches):
+            images, labels = self.pipe.share_outputs()
+            # Zero-copy: DALI's dynamic executor (its default) keeps shared outputs alive until
+            # the tensors made from them are freed, as its own iterator relies on.
+            images, labels = torch.from_dlpack(images.as_tensor()), torch.from_dlpack(labels.as_tensor())
+            self.pipe.release_outputs()
+            self._schedule()
+            yield images, labels
 
 
 @pipeline_def(enable_conditionals=True)   # rand_augment selects operations with `if`
