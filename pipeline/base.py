@@ -19,7 +19,7 @@ import torch
 from pipeline.colout import colout_batch, kept_size
 from pipeline.crops import sample_seed
 from pipeline.datasets import CorruptSample
-from pipeline.normalize import normalized_batch
+from pipeline.normalize import BatchBuffers, normalized_batch
 from pipeline.spec import LoaderSpec
 
 log = logging.getLogger("pipeline")
@@ -38,6 +38,7 @@ class Loader:
         self.device = torch.device(spec.device)
         self._mean = 255 * torch.tensor(spec.mean, device=self.device).view(1, 3, 1, 1)
         self._inv_std = 1 / (255 * torch.tensor(spec.std, device=self.device).view(1, 3, 1, 1))
+        self._float_batches = BatchBuffers()   # CPU device: normalized batches, reused once released
         self._prepare_epoch(0)
 
     # --- what backends supply -------------------------------------------------------
@@ -121,15 +122,14 @@ class Loader:
         return colout_batch(images, *self.spec.colout, generator=self._batch_generator(batch_index))
 
     def _to_model_input(self, images: torch.Tensor) -> torch.Tensor:
-        """(N, 3, H, W) on the host, any memory layout -> normalized, channels_last, on the device.
-        uint8 batches are normalized here (on a CPU by `pipeline/normalize.py`, on a GPU after the
-        copy); float ones already were, in the workers.
-
-        Normalizing after the copy moves a quarter of the bytes a float batch would, and
-        yields a new tensor, so a backend's reused output buffers never leak to the caller.
-        """
+        """(N, 3, H, W) uint8 on the host, any memory layout -> normalized, channels_last, on the
+        device: on a CPU by `pipeline/normalize.py` into memory reused once the caller has
+        let go of it, on a GPU after the copy (a quarter of the bytes a float batch would move).
+        Either way the result never shares memory with a backend's reused output buffers."""
         if images.dtype == torch.uint8 and self.device.type == "cpu":
-            images = normalized_batch(images.permute(0, 2, 3, 1).numpy(), self.spec.mean, self.spec.std)
+            count, _, height, width = images.shape
+            images = normalized_batch(images.permute(0, 2, 3, 1).numpy(), self.spec.mean, self.spec.std,
+                                      out=self._float_batches.take((count, height, width, 3)))
         images = images.to(self.device, non_blocking=True)
         if images.dtype == torch.uint8:
             images = images.float().sub_(self._mean).mul_(self._inv_std)

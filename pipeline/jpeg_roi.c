@@ -65,7 +65,7 @@ int jpeg_roi_size(const unsigned char *data, unsigned long size, int *width, int
 }
 
 /* Decodes, at scale 1/`denominator`, the scaled rows [top, top + rows) and at least the scaled
- * columns [left, left + cols) into `out` (RGB, rows of `*out_width` pixels, at most `capacity`
+ * columns [left, left + cols) into `out` (RGBX, rows of `*out_width` pixels, at most `capacity`
  * bytes). On return `*out_left` is the first decoded column (at most `left`: iMCU-aligned),
  * `*out_width` the number of columns decoded, `*scaled_width` / `*scaled_height` the size of the
  * whole scaled image. 0 on success, -1 with `message` set on failure. */
@@ -86,7 +86,7 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
         jpeg_destroy_decompress(&info);
         return -1;
     }
-    info.out_color_space = JCS_RGB;
+    info.out_color_space = JCS_EXT_RGBX;   /* Pillow's own layout: it can wrap the buffer, not copy it */
     info.scale_num = 1;
     info.scale_denom = (unsigned int)denominator;
     jpeg_start_decompress(&info);
@@ -100,7 +100,7 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
     }
     JDIMENSION x = (JDIMENSION)left, width = (JDIMENSION)cols;
     if (width < info.output_width) jpeg_crop_scanline(&info, &x, &width);
-    if ((long)width * 3 * rows > capacity) {
+    if ((long)width * 4 * rows > capacity) {
         snprintf(message, message_size, "output buffer too small");
         jpeg_destroy_decompress(&info);
         return -1;
@@ -111,7 +111,7 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
         return -1;
     }
     for (int row = 0; row < rows;) {
-        JSAMPROW pointer = out + (long)row * width * 3;
+        JSAMPROW pointer = out + (long)row * width * 4;
         row += (int)jpeg_read_scanlines(&info, &pointer, 1);
     }
     *out_left = (int)x;

@@ -71,8 +71,10 @@ def decode_region(data: bytes, width: int, height: int, box: tuple[int, int, int
                   margin: int) -> tuple[np.ndarray, tuple[float, float, float, float]]:
     """The pixels around the crop `box` = (top, left, crop_height, crop_width) of a `width` x
     `height` JPEG, decoded at scale 1/`reduction` with `margin` scaled pixels around it (what a
-    resampling filter reads beyond the box), and the crop's box within them as
-    (x0, y0, x1, y1) floats: what `PIL.Image.resize(..., box=)` takes."""
+    resampling filter reads beyond the box), as (rows, cols, 4) RGBX (the fourth byte is
+    padding: Pillow's own layout, so `Image.frombuffer("RGBX", ...)` wraps it without a copy),
+    and the crop's box within them as (x0, y0, x1, y1) floats: what
+    `PIL.Image.resize(..., box=)` takes."""
     top, left, crop_height, crop_width = box
     scaled_width, scaled_height = -(-width // reduction), -(-height // reduction)
     x_scale, y_scale = scaled_width / width, scaled_height / height
@@ -80,7 +82,7 @@ def decode_region(data: bytes, width: int, height: int, box: tuple[int, int, int
     x1, y1 = (left + crop_width) * x_scale, (top + crop_height) * y_scale
     row0, row1 = max(0, math.floor(y0) - margin), min(scaled_height, math.ceil(y1) + margin)
     col0, col1 = max(0, math.floor(x0) - margin), min(scaled_width, math.ceil(x1) + margin)
-    out = np.empty((row1 - row0) * scaled_width * 3, np.uint8)
+    out = np.empty((row1 - row0) * scaled_width * 4, np.uint8)
     first_col, decoded_width, full_width, full_height = (ctypes.c_int() for _ in range(4))
     message = ctypes.create_string_buffer(MESSAGE_SIZE)
     status = _library.jpeg_roi_decode(data, len(data), reduction, row0, row1 - row0, col0, col1 - col0,
@@ -89,5 +91,5 @@ def decode_region(data: bytes, width: int, height: int, box: tuple[int, int, int
     if status != 0:
         raise JPEGError(message.value.decode(errors="replace"))
     rows, cols, first = row1 - row0, decoded_width.value, first_col.value
-    pixels = out[:rows * cols * 3].reshape(rows, cols, 3)
+    pixels = out[:rows * cols * 4].reshape(rows, cols, 4)
     return pixels, (x0 - first, y0 - row0, x1 - first, y1 - row0)

@@ -2,7 +2,6 @@
 RandAugment + flip of one sample with PIL (Pillow-SIMD here), collation into a uint8 batch, and the
 DataLoader that runs it.
 
-Samples are normalized in the workers when the device is a CPU (`collate`).
 `roi=True` decodes only the crop's region of a JPEG (`pipeline/jpeg_roi.py`), at 1/2, 1/4
 or 1/8 scale (DCT scaling) when the crop is still at least twice the target size there, so
 the decoder does less work and the resize sees no fewer pixels than it outputs. The
@@ -18,13 +17,12 @@ import weakref
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
 from pipeline import jpeg_roi
 from pipeline.colout import colout_sample
 from pipeline.crops import center_crop, sample_seed, sample_uniforms, train_crop
 from pipeline.datasets import CorruptSample
-from pipeline.normalize import normalized_batch
 from pipeline.randaugment import randaugment_image
 from pipeline.spec import LoaderSpec
 
@@ -57,8 +55,9 @@ def load_sample(source, spec: LoaderSpec, *, name: str, sample_id: int, epoch: i
             image, flip = _pil_crop(source, spec, uniforms, side, draft=roi)
         if spec.randaugment and spec.train:
             seed = sample_seed(spec.seed, epoch, sample_id)
-            image = randaugment_image(image, *spec.randaugment, np.random.default_rng((seed, RANDAUGMENT_STREAM)))
-        pixels = np.asarray(image)
+            image = randaugment_image(image.convert("RGB"), *spec.randaugment,
+                                      np.random.default_rng((seed, RANDAUGMENT_STREAM)))
+        pixels = np.asarray(image)[:, :, :3]    # the ROI path's images are RGBX
     except DECODE_ERRORS as error:
         raise CorruptSample(f"{name}: cannot decode ({error})") from None
     if flip:
@@ -83,7 +82,7 @@ def _roi_crop(jpeg: bytes, spec: LoaderSpec, uniforms, side: int) -> tuple[Image
     # were the image's; so the result is the one a full decode gives.
     margin = math.ceil(max(box[2], box[3]) / reduction / side) + 2
     pixels, region_box = jpeg_roi.decode_region(jpeg, width, height, box, reduction, margin)
-    region = Image.frombuffer("RGB", (pixels.shape[1], pixels.shape[0]), pixels, "raw", "RGB", 0, 1)
+    region = Image.frombuffer("RGBX", (pixels.shape[1], pixels.shape[0]), pixels, "raw", "RGBX", 0, 1)
     return region.resize((side, side), Image.BILINEAR, box=region_box), flip
 
 
@@ -111,21 +110,18 @@ def load_or_report(source, spec: LoaderSpec, **options) -> np.ndarray | str:
         return str(error)
 
 
-def collate(images: list, labels: list, spec: LoaderSpec) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """Decoded samples (error messages where one failed) -> an (N, 3, H, W) view of an NHWC
-    batch, int64 labels, and the error messages. For a CUDA device the batch stays uint8 (a
-    quarter of the bytes to copy; the GPU normalizes); for a CPU device it is normalized here,
-    in the worker (`pipeline/normalize.py`), into shared memory, so the main process gets it
-    without a copy and without the work."""
+def collate(images: list, labels: list) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Decoded samples (error messages where one failed) -> an (N, 3, H, W) uint8 view of an
+    NHWC batch, int64 labels, and the error messages. uint8, for any device: a quarter of the
+    bytes of float32 to pass between processes and to copy to a GPU, which normalizes after
+    the copy; on a CPU the main process normalizes into reused memory
+    (`pipeline/normalize.py`), cheaper than a worker normalizing into fresh shared memory."""
     kept = [(image, label) for image, label in zip(images, labels) if not isinstance(image, str)]
     errors = [image for image in images if isinstance(image, str)]
     labels = torch.tensor([label for _, label in kept], dtype=torch.int64)
     if not kept:
         return torch.empty(0, 3, 1, 1, dtype=torch.uint8), labels, errors
-    if spec.device.startswith("cuda"):
-        return torch.from_numpy(np.stack([image for image, _ in kept])).permute(0, 3, 1, 2), labels, errors
-    in_worker = get_worker_info() is not None
-    return normalized_batch([image for image, _ in kept], spec.mean, spec.std, shared=in_worker), labels, errors
+    return torch.from_numpy(np.stack([image for image, _ in kept])).permute(0, 3, 1, 2), labels, errors
 
 
 _LIVE_DATALOADERS: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()

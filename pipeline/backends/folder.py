@@ -31,7 +31,7 @@ class FolderBatches(Dataset):
     def __getitem__(self, key):
         epoch, side, ids = key
         images = [self._load(int(i), epoch, side) for i in ids]
-        return collate(images, [self.labels[i] for i in ids], self.spec)
+        return collate(images, [self.labels[i] for i in ids])
 
     def _load(self, sample_id: int, epoch: int, side: int):
         return load_or_report(self.paths[sample_id], self.spec, name=self.paths[sample_id], sample_id=sample_id,

@@ -86,7 +86,7 @@ class ShardBatches(IterableDataset):
             if batch < start:
                 continue
             images = [self._decode(sample, epoch, side) for sample in chunk]
-            yield batch, collate(images, [label for _, _, label, _ in chunk], spec)
+            yield batch, collate(images, [label for _, _, label, _ in chunk])
 
     def _read(self, lo: int, hi: int, epoch: int):
         """(sample id, jpeg bytes, label, name) for the epoch stream's positions [lo, hi)."""
