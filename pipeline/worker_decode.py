@@ -17,7 +17,7 @@ import weakref
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 from pipeline import jpeg_roi
 from pipeline.colout import colout_sample
@@ -121,7 +121,11 @@ def collate(images: list, labels: list) -> tuple[torch.Tensor, torch.Tensor, lis
     labels = torch.tensor([label for _, label in kept], dtype=torch.int64)
     if not kept:
         return torch.empty(0, 3, 1, 1, dtype=torch.uint8), labels, errors
-    return torch.from_numpy(np.stack([image for image, _ in kept])).permute(0, 3, 1, 2), labels, errors
+    batch = torch.empty((len(kept), *kept[0][0].shape), dtype=torch.uint8)
+    if get_worker_info() is not None:
+        batch.share_memory_()    # made in shared memory, the DataLoader sends it without another copy
+    np.stack([image for image, _ in kept], out=batch.numpy())
+    return batch.permute(0, 3, 1, 2), labels, errors
 
 
 _LIVE_DATALOADERS: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()

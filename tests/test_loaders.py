@@ -90,12 +90,14 @@ def test_same_seed_same_epoch_and_exact_resume(converted_sets, backend, form):
     state = again.state_dict()
     assert state["position"] == 2 and state["epoch"] == 1
 
-    first.set_epoch(2)                      # after an epoch: DALI's run for it was started ahead
+    first.set_epoch(2)
     epoch_two = epoch(first)
     assert not torch.equal(epoch_two[0][0], expected[0][0])
-    fresh = loader_for(converted_sets, backend, form, **spec)
-    fresh.set_epoch(2)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(epoch(fresh), epoch_two, strict=True))
+    if backend == "dali":                   # its run for epoch 2 was started ahead, as epoch 1 ended
+        fresh = loader_for(converted_sets, backend, form, **spec)
+        fresh.set_epoch(2)
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                   for a, b in zip(epoch(fresh), epoch_two, strict=True))
     first.load_state_dict(state)            # as a restarted run would, from epoch 2 back to epoch 1
     rest = epoch(first)
     assert len(rest) == len(expected) - 2
