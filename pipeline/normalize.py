@@ -40,7 +40,7 @@ class BatchBuffers:
     pool uses its memory any more: a consumer that keeps a batch, or any view of it, gets
     fresh memory next time instead of seeing its batch overwritten."""
 
-    def __init__(self, keep: int = 3):
+    def __init__(self, keep: int = 2):   # one the caller holds, one being filled
         self.keep = keep
         self.buffers: list[torch.Tensor] = []
 

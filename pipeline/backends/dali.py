@@ -11,8 +11,9 @@ scale `pipeline/randaugment.py` gives the PIL backends.
 Epochs: a pipeline is built per epoch (about 10 ms), seeded from (seed, rank, epoch), with
 the epoch's resolution as a constant, so a schedule decodes straight to the new size and
 an epoch can be replayed exactly. Each pipeline is run exactly once per batch of its epoch,
-and the next epoch's is started as soon as an epoch ends (`_EpochRun`). Folder source: the reader gets this rank's file list for
-the epoch from `pipeline.sharding`, already in order. Shard source: DALI's own sharding
+and the next epoch's is started as soon as an epoch ends (`_EpochRun`). Folder source: the
+reader gets this rank's file list for the epoch from `pipeline.sharding`, already in order.
+Shard source: DALI's own sharding
 (`shard_id`/`num_shards`, `pad_last_batch`, the padding dropped here), rotated by one
 shard per epoch in training. Resuming at batch b runs the first b batches again and drops
 them: DALI's random crops advance per-position generators, so skipping samples instead
@@ -93,8 +94,8 @@ class DALILoader(Loader):
         spec = self.spec
         seed = sample_seed(spec.seed + 7919 * spec.rank, epoch, 0) % (2 ** 31)
         pipe = _graph(self, epoch, batch_size=spec.batch_size, num_threads=max(1, spec.num_workers),
-                      device_id=self.device_id, seed=seed, prefetch_queue_depth=PREFETCH_DEPTH)
-        return _EpochRun(pipe, len(self))
+                      device_id=self.device_id, seed=seed, prefetch_queue_depth=PREFETCH_DEPTH, exec_dynamic=True)
+        return _EpochRun(pipe, len(self), self.device)
 
     def _read(self, epoch: int):
         """(jpegs, labels) from the reader for this rank and epoch."""
@@ -125,26 +126,23 @@ class _EpochRun:
     interleaved allocations), so it is not done.
     """
 
-    def __init__(self, pipe, batches: int):
-        self.pipe, self.batches, self.scheduled = pipe, batches, 0
+    def __init__(self, pipe, batches: int, device: torch.device):
+        self.pipe, self.batches, self.device, self.scheduled = pipe, batches, device, 0
         pipe.build()
         self._schedule()
 
-    @property
-    def all_scheduled(self) -> bool:
-        return self.scheduled >= self.batches
-
     def _schedule(self) -> None:
-        if not self.all_scheduled:
+        if self.scheduled < self.batches:
             self.scheduled += PREFETCH_DEPTH if self.scheduled == 0 else 1   # the first call fills the queue
             self.pipe.schedule_run()
 
     def __iter__(self):
         for _ in range(self.batches):
             images, labels = self.pipe.share_outputs()
-            # Zero-copy: DALI's dynamic executor (its default) keeps shared outputs alive until
-            # the tensors made from them are freed, as its own iterator relies on.
-            images, labels = torch.from_dlpack(images.as_tensor()), torch.from_dlpack(labels.as_tensor())
+            # Zero-copy: the dynamic executor (asked for in _start_run) keeps shared outputs
+            # alive until the tensors made from them are freed, as DALI's own iterator relies on.
+            with self.device:
+                images, labels = torch.from_dlpack(images.as_tensor()), torch.from_dlpack(labels.as_tensor())
             self.pipe.release_outputs()
             self._schedule()
             yield images, labels
