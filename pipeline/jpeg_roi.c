@@ -9,6 +9,7 @@
  * file, instead of returning grey rows.
  */
 #include <setjmp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <jpeglib.h>
@@ -23,6 +24,16 @@ struct error_manager {
 static void on_error(j_common_ptr info) {
     struct error_manager *errors = (struct error_manager *)info->err;
     (*info->err->format_message)(info, errors->message);
+    longjmp(errors->escape, 1);
+}
+
+/* A refusal of our own (bad region, CMYK...): set the message and leave through the same
+ * setjmp exit as libjpeg's errors. */
+static void refuse(struct error_manager *errors, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(errors->message, errors->message_size, format, args);
+    va_end(args);
     longjmp(errors->escape, 1);
 }
 
@@ -81,11 +92,8 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
         return -1;
     }
     read_header(&info, data, size);
-    if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
-        snprintf(message, message_size, "CMYK JPEG (not decoded here)");
-        jpeg_destroy_decompress(&info);
-        return -1;
-    }
+    if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK)
+        refuse(&errors, "CMYK JPEG (not decoded here)");
     info.out_color_space = JCS_EXT_RGBX;   /* Pillow's own layout: it can wrap the buffer, not copy it */
     info.scale_num = 1;
     info.scale_denom = (unsigned int)denominator;
@@ -93,23 +101,14 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
     *scaled_width = (int)info.output_width;
     *scaled_height = (int)info.output_height;
     if (top < 0 || rows < 1 || left < 0 || cols < 1 || top + rows > (int)info.output_height ||
-        left + cols > (int)info.output_width) {
-        snprintf(message, message_size, "region outside the %dx%d scaled image", *scaled_width, *scaled_height);
-        jpeg_destroy_decompress(&info);
-        return -1;
-    }
+        left + cols > (int)info.output_width)
+        refuse(&errors, "region outside the %dx%d scaled image", *scaled_width, *scaled_height);
     JDIMENSION x = (JDIMENSION)left, width = (JDIMENSION)cols;
     if (width < info.output_width) jpeg_crop_scanline(&info, &x, &width);
-    if ((long)width * 4 * rows > capacity) {
-        snprintf(message, message_size, "output buffer too small");
-        jpeg_destroy_decompress(&info);
-        return -1;
-    }
-    if (top > 0 && jpeg_skip_scanlines(&info, (JDIMENSION)top) != (JDIMENSION)top) {
-        snprintf(message, message_size, "cannot skip %d rows", top);
-        jpeg_destroy_decompress(&info);
-        return -1;
-    }
+    if ((long)width * 4 * rows > capacity)
+        refuse(&errors, "output buffer too small");
+    if (top > 0 && jpeg_skip_scanlines(&info, (JDIMENSION)top) != (JDIMENSION)top)
+        refuse(&errors, "cannot skip %d rows", top);
     for (int row = 0; row < rows;) {
         JSAMPROW pointer = out + (long)row * width * 4;
         row += (int)jpeg_read_scanlines(&info, &pointer, 1);
