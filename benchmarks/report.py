@@ -57,16 +57,6 @@ def warn(message: str) -> None:
     print(f"report: warning: {message}", file=sys.stderr)
 
 
-def hardware_signature(hardware: dict) -> dict:
-    """benchmarks/hardware.py's signature; rows written before it (keys cpu, cores, memory_gib,
-    gpus) are mapped onto it, so that they gather under the same slug."""
-    gpus = [g.get("name", "") if isinstance(g, dict) else str(g) for g in hardware.get("gpus") or []]
-    older = {"cpu_model": hardware.get("cpu", "unknown"), "cpu_cores": hardware.get("cores", "?"),
-             "ram_gb": hardware.get("memory_gib"), "gpu_model": gpus[0] if gpus else "", "gpu_count": len(gpus),
-             "driver": "", "instance_type": "", "python": ""}
-    return {**older, **{key: value for key, value in hardware.items() if key in older}}
-
-
 def read_rows(directory: Path) -> list[dict]:
     """The loaders and models rows of every results file, each with `machine` (the hardware
     slug) added, oldest first."""
@@ -86,8 +76,10 @@ def read_rows(directory: Path) -> list[dict]:
                     continue
                 missing = [key for key in REQUIRED[row["benchmark"]] if key not in row]
                 rate = row.get("img_per_s")
-                if missing or not isinstance(row["hardware"], dict):
-                    warn(f"{path}:{number}: {row['benchmark']} row without {', '.join(missing) or 'hardware'}, skipped")
+                if missing or not isinstance(row["hardware"], dict) \
+                        or not {"cpu_model", "cpu_cores"} <= row["hardware"].keys():
+                    warn(f"{path}:{number}: {row['benchmark']} row without "
+                         f"{', '.join(missing) or 'a hardware signature (benchmarks/hardware.py)'}, skipped")
                 elif not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
                     warn(f"{path}:{number}: img_per_s {rate!r} is not a positive number, skipped")
                 elif not isinstance(row["resolution"], int) or isinstance(row["resolution"], bool):
@@ -96,7 +88,6 @@ def read_rows(directory: Path) -> list[dict]:
                     for key in ("backend", "split", "model", "step", "device", "precision"):   # names sort as text
                         if key in row:
                             row[key] = str(row[key])
-                    row["hardware"] = hardware_signature(row["hardware"])
                     rows.append({**row, "machine": slug(row["hardware"])})
     rows.sort(key=lambda row: str(row.get("date") or ""))   # stable: file order within a date
     return rows
