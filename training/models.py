@@ -3,11 +3,13 @@ same layers, parameter counts and initialisation as torchvision's, and a small C
 28-64 px images. The blocks are laid out for the speed-up algorithms that edit models in place:
 each residual block is a `BasicBlock` or `Bottleneck` with a `residual(x)` method, a `downsample`
 shortcut (or None) and a `last_bn`, which is what stochastic depth and zero-init look for; strided
-convs are plain nn.Conv2d and the stem's pool an nn.MaxPool2d, which is what BlurPool swaps.
+convs are nn.Conv2d (the projection shortcut's a subclass of it) and the stem's pool an nn.MaxPool2d,
+which is what BlurPool swaps.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from algorithms.bce import init_logit_bias
@@ -21,7 +23,31 @@ def conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
 
 
 def conv1x1(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
-    return nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False)
+    if stride > 1:
+        return SubsampledConv1x1(in_channels, out_channels, stride)
+    return nn.Conv2d(in_channels, out_channels, 1, bias=False)
+
+
+class SubsampledConv1x1(nn.Conv2d):
+    """A strided 1x1 conv computed on a CPU as what it is: every stride-th pixel, then a stride-1
+    1x1 conv. The same function, Parameters and state-dict keys as nn.Conv2d(..., 1, stride).
+
+    Why: torch's oneDNN has an AVX2 kernel for the weight gradient of a strided 1x1 conv that, with
+    channels-last input and fewer than 8 input channels, writes past its workspace (oneDNN issue
+    6035): gradients off by up to 200x, or a thread that never returns. AVX-512 CPUs take another
+    kernel, and ONEDNN_MAX_CPU_ISA=AVX2 sends them to this one too. The subsampled form never
+    reaches it, at any width, and is no slower (README, troubleshooting). On other devices the
+    native strided conv runs, untouched. `stride` stays the conv's, so BlurPool finds the layer,
+    and its blur_first=False (stride set to 1, blur subsamples) works as for any conv."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int):
+        super().__init__(in_channels, out_channels, 1, stride=stride, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or self.stride == (1, 1):
+            return super().forward(x)
+        rows, cols = self.stride
+        return F.conv2d(x[:, :, ::rows, ::cols], self.weight, self.bias, 1, 0, self.dilation, self.groups)
 
 
 def shortcut(in_channels: int, out_channels: int, stride: int) -> nn.Sequential | None:
