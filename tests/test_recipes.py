@@ -1,5 +1,5 @@
-"""Every recipe in algorithms/recipes runs: 2 epochs on the small fashion sample under a real
-`torchrun --nproc_per_node=2` (gloo, CPU), with every algorithm it names."""
+"""Every recipe in algorithms/recipes runs: 2 epochs (3 steps each) on the small fashion sample
+under a real `torchrun --nproc_per_node=2` (gloo, CPU), with every algorithm it names."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ def test_recipe_runs_two_epochs_under_torchrun(recipe, converted_sets, tmp_path)
     settings = yaml.safe_load(recipe.read_text())
     small = settings.get("model", {}).get("name") == "small_resnet"
     overrides = ["max_duration=2ep", "data.backend=folder", f"data.path={converted_sets['fashion']['folder']}",
-                 "data.batch_size=8", "data.num_workers=1", "log.progress=false", "log.tensorboard=false",
+                 "data.batch_size=16", "data.num_workers=1", "log.progress=false", "log.tensorboard=false",
                  "precision=fp32", f"run_dir={tmp_path}",
                  *(["model.width=4", "model.blocks_per_stage=1"] if small else
                    ["data.resolution=32", "data.val_resolution=32"])]    # ResNet-50 on CPU: keep it small

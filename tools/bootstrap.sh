@@ -19,7 +19,7 @@ DEB_BUILD_PACKAGES=(libturbojpeg0-dev libopencv-dev pkg-config libjpeg-dev zlib1
 TORCH_SPEC="torch==2.13.0"            # the CPU build here; an unpinned torch pulls CUDA wheels
 FFCV_SPEC="ffcv==1.0.2"
 DALI_SPEC="nvidia-dali-cuda120>=2.0,<3"
-REST_SPECS=("numpy>=1.24,<2.6" "numba>=0.60,<0.70" "webdataset>=1.0,<2" "pytest>=8" "tqdm>=4.60" "pyyaml>=6"
+REST_SPECS=("numpy>=1.24,<2.6" "numba>=0.60,<0.70" "webdataset>=1.0,<2" "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.5" "tqdm>=4.60" "pyyaml>=6"
             "simplejpeg>=1.7,<2")   # simplejpeg: the decode-only bound in benchmarks/loaders.py
 PILLOW_SIMD_SPEC="pillow-simd>=9"
 # matplotlib (benchmarks/report.py) declares `pillow`, so a plain install would put stock Pillow

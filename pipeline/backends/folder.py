@@ -42,23 +42,22 @@ class FolderLoader(Loader):
     def __init__(self, spec: LoaderSpec):
         classes, samples = read_folder(spec.path, spec.split)
         self.dataset = FolderBatches(samples, spec)
-        self._keys: list = []
-        self._start = 0
+        self._remaining = _RemainingKeys()
         super().__init__(spec, len(classes))
-        self.dataloader = torch_dataloader(self.dataset, spec, sampler=_RemainingKeys(self))
+        self.dataloader = torch_dataloader(self.dataset, spec, sampler=self._remaining)
 
     def _prepare_epoch(self, epoch: int) -> None:
         spec = self.spec
         ids = rank_samples(len(self.dataset), epoch, spec.seed, spec.rank, spec.world_size, shuffle=spec.train)
         batches = batch_count(len(ids), spec.batch_size, spec.drop_last)
-        self._keys = [(epoch, self.side, ids[b * spec.batch_size:(b + 1) * spec.batch_size])
-                      for b in range(batches)]
+        self._remaining.keys = [(epoch, self.side, ids[b * spec.batch_size:(b + 1) * spec.batch_size])
+                                for b in range(batches)]
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._remaining.keys)
 
     def _batches(self, epoch: int, start: int):
-        self._start = start
+        self._remaining.start = start
         for index, (images, labels, errors) in enumerate(self.dataloader, start):
             self._undecodable(errors)
             if len(labels):
@@ -66,13 +65,17 @@ class FolderLoader(Loader):
 
 
 class _RemainingKeys:
-    """The sampler: this epoch's batch keys from the resume point on, read when iteration starts."""
+    """The sampler: this epoch's batch keys from the resume point on, read when iteration starts.
 
-    def __init__(self, loader: FolderLoader):
-        self.loader = loader
+    It holds the keys itself, not the loader, so that a dropped loader is freed at once, workers
+    and all, not left in a loader -> DataLoader -> sampler -> loader cycle for the collector."""
+
+    def __init__(self):
+        self.keys: list = []
+        self.start = 0
 
     def __iter__(self):
-        return iter(self.loader._keys[self.loader._start:])
+        return iter(self.keys[self.start:])
 
     def __len__(self) -> int:
-        return len(self.loader._keys) - self.loader._start
+        return len(self.keys) - self.start
