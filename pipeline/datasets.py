@@ -65,12 +65,22 @@ def is_converted(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
+def require_directory(path: str | Path, backend: str) -> None:
+    """A one-line error for a data path that is no directory, phrased for the backend reading it."""
+    root = Path(path)
+    if root.is_dir():
+        return
+    if backend in CONVERTERS:
+        raise DatasetError(f"{root}: no such directory; convert a dataset there with {CONVERTERS[backend]} SRC {root}")
+    raise DatasetError(f"{root}: no such directory; give an ImageNet-layout folder (ROOT/<split>/<class>/<image>)"
+                       f"{' or a tools/convert_wds.py output' if backend == 'dali' else ''}")
+
+
 def read_converted(path: str | Path, split: str, expected_format: str) -> ConvertedSplit:
     """The manifest's view of one converted split, with its files checked to be whole."""
     root = Path(path)
     converter = CONVERTERS[expected_format]
-    if not root.is_dir():
-        raise DatasetError(f"{root}: no such directory; convert a dataset there with {converter} SRC {root}")
+    require_directory(root, expected_format)
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():
         raise DatasetError(f"{manifest_path}: missing, so {root} is not a finished conversion; "

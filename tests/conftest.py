@@ -1,16 +1,15 @@
 """Shared fixtures: running the tools as a user does (subprocesses), and the sample sets; and the
-per-test time limit's end of a hung test, which also stops the processes that test started."""
+hooks that end a test past its time limit (`suite_timeouts.py`)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+
+from suite_timeouts import pytest_runtest_logreport, pytest_timeout_set_timer  # noqa: F401 (pytest's hooks)
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
@@ -92,55 +91,3 @@ def converted_sets(sample_sets, tmp_path_factory) -> dict:
         forms[name] = {"folder": sample_sets / name, "ffcv": ffcv_out, "webdataset": wds_out}
     return forms
 
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children, theirs, ...), from /proc: a test's torchrun and its
-    workers, whatever session or process group they put themselves in."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after its last ')'
-                parents[int(entry)] = int(stat.read().rsplit(b")", 1)[1].split()[1])
-        except (ValueError, OSError):
-            continue
-    found, frontier = [], [pid]
-    while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_timeout_set_timer(item, settings):
-    """pytest-timeout's thread method (pyproject), with one step first: the processes the hung test
-    started are killed, so that none of them runs on beside the tests that follow.
-
-    Only a timer thread can end a test stuck inside C code (a signal handler waits for the C call
-    to return); it ends the whole process. Under pytest-xdist (pyproject runs the suite in one
-    xdist worker) that is just the worker: the test is reported failed by name, a new worker
-    takes the rest of the suite."""
-    if settings.method != "thread" or settings.timeout <= 0:
-        return None                                      # pytest-timeout's own handling
-    import pytest_timeout
-
-    def end_hung_test():
-        for pid in descendants(os.getpid()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        pytest_timeout.timeout_timer(item, settings)     # dumps every thread's stack, then os._exit(1)
-
-    timer = threading.Timer(settings.timeout, end_hung_test)
-    timer.name = f"timeout {item.nodeid}"
-    timer.daemon = True
-
-    def cancel():
-        timer.cancel()
-        timer.join()
-
-    item.cancel_timeout = cancel
-    timer.start()
-    return True
