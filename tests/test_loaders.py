@@ -234,7 +234,7 @@ def test_bad_paths_and_damaged_files_are_one_line_errors(converted_sets, tmp_pat
 def test_a_missing_package_names_it():
     code = ("import sys; sys.modules['ffcv'] = None\n"
             "from pipeline import LoaderSpec, build_loader\n"
-            "build_loader(LoaderSpec('ffcv', path='anywhere'))")
+            f"build_loader(LoaderSpec('ffcv', path={str(ROOT)!r}))")   # a directory: the path is checked first
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "ImportError: loader backend 'ffcv' needs the package 'ffcv'" in result.stderr.splitlines()[-1]
