@@ -1,8 +1,13 @@
-"""Shared fixtures: running the tools as a user does (subprocesses), and the sample sets; and the
-hooks that end a test past its time limit (`suite_timeouts.py`)."""
+"""Shared fixtures: running the tools as a user does (subprocesses), and the sample sets, made
+once per run for all pytest-xdist workers; the `alone` mark, for tests whose figures must not
+share the CPU with another worker's test; and the hooks that end a test past its time limit
+(`suite_timeouts.py`)."""
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,25 +74,64 @@ def debian_cache(request, tmp_path_factory) -> Path:
     return cache.mkdir("debian-packages") if cache else tmp_path_factory.mktemp("debian")
 
 
+def run_folder(tmp_path_factory) -> Path:
+    """A folder of this test run that every xdist worker sees (each has a base folder of its own)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """RUN_FOLDER/name, filled by `make(folder)` by the first worker to ask; the others wait for it.
+    What is in it is shared: tests read it and write elsewhere."""
+    folder = run_folder(tmp_path_factory) / name
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".complete").exists():
+            shutil.rmtree(folder, ignore_errors=True)         # a worker that died half-way
+            folder.mkdir()
+            make(folder)
+            (folder / ".complete").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def sample_sets(tmp_path_factory, debian_cache) -> Path:
     """Both sample sets, a few images per class, in ImageNet layout."""
     from make_sample_data import make_fashion, make_photos
-    root = tmp_path_factory.mktemp("sample")
-    make_fashion(root, limit=12, progress=False, cache_dir=debian_cache)
-    make_photos(root, limit=4, progress=False, cache_dir=debian_cache)
-    return root
+
+    def make(root):
+        make_fashion(root, limit=12, progress=False, cache_dir=debian_cache)
+        make_photos(root, limit=4, progress=False, cache_dir=debian_cache)
+    return made_once(tmp_path_factory, "sample", make)
 
 
 @pytest.fixture(scope="session")
 def converted_sets(sample_sets, tmp_path_factory) -> dict:
     """Both sample sets in every form a loader reads: {set: {"folder"|"ffcv"|"webdataset": path}}."""
-    out = tmp_path_factory.mktemp("converted")
-    forms = {}
-    for name in ("fashion", "photos"):
-        ffcv_out, wds_out = out / f"{name}_ffcv", out / f"{name}_wds"
-        run_tool("convert_ffcv.py", sample_sets / name, ffcv_out, check=True)
-        run_tool("convert_wds.py", sample_sets / name, wds_out, check=True)
-        forms[name] = {"folder": sample_sets / name, "ffcv": ffcv_out, "webdataset": wds_out}
-    return forms
+    def make(out):
+        for name in ("fashion", "photos"):
+            run_tool("convert_ffcv.py", sample_sets / name, out / f"{name}_ffcv", check=True)
+            run_tool("convert_wds.py", sample_sets / name, out / f"{name}_wds", check=True)
+    out = made_once(tmp_path_factory, "converted", make)
+    return {name: {"folder": sample_sets / name, "ffcv": out / f"{name}_ffcv", "webdataset": out / f"{name}_wds"}
+            for name in ("fashion", "photos")}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread_per_worker():
+    """pyproject runs two xdist workers on a 2-core machine: one torch thread each fills the
+    cores without the two OpenMP teams spinning against each other."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        import torch
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def cpu_share(request, tmp_path_factory):
+    """A test marked `alone` runs while no other worker's test does (its figures are timings);
+    every other test shares the machine. A run-wide lock, shared by most, exclusive for those."""
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(run_folder(tmp_path_factory) / "cpu.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
 

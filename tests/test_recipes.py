@@ -21,7 +21,7 @@ def test_recipe_runs_two_epochs_under_torchrun(recipe, converted_sets, tmp_path)
     small = settings.get("model", {}).get("name") == "small_resnet"
     overrides = ["max_duration=2ep", "data.backend=folder", f"data.path={converted_sets['fashion']['folder']}",
                  "data.batch_size=16", "data.num_workers=1", "log.progress=false", "log.tensorboard=false",
-                 "precision=fp32", f"run_dir={tmp_path}",
+                 "precision=fp32", "checkpoint.interval=2ep", f"run_dir={tmp_path}",
                  *(["model.width=4", "model.blocks_per_stage=1"] if small else
                    ["data.resolution=32", "data.val_resolution=32"])]    # ResNet-50 on CPU: keep it small
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
