@@ -34,10 +34,10 @@ class SubsampledConv1x1(nn.Conv2d):
 
     Why: torch's oneDNN has an AVX2 kernel for the weight gradient of a strided 1x1 conv that, with
     channels-last input and fewer than 8 input channels, writes past its workspace (oneDNN issue
-    6035): gradients off by up to 200x, or a thread that never returns. AVX-512 CPUs take another
-    kernel, and ONEDNN_MAX_CPU_ISA=AVX2 sends them to this one too. The subsampled form never
-    reaches it, at any width, and is no slower (README, troubleshooting). On other devices the
-    native strided conv runs, untouched. `stride` stays the conv's, so BlurPool finds the layer,
+    6035): gradients off by up to 213x on an EPYC, or a thread that never returns. AVX-512 CPUs
+    take another kernel, and ONEDNN_MAX_CPU_ISA=AVX2 sends them to this one too. The subsampled
+    form never reaches it, at any width, and is no slower (README, troubleshooting). On other
+    devices the native strided conv runs, untouched. `stride` stays the conv's, so BlurPool finds the layer,
     and its blur_first=False (stride set to 1, blur subsamples) works as for any conv."""
 
     def __init__(self, in_channels: int, out_channels: int, stride: int):
