@@ -1,0 +1,154 @@
+"""tools/tradeoff.py: a real sweep under torchrun, killed and restarted; the curve arithmetic
+(tools/tradeoff_curves.py) against hand-made points; the ablation variants; one-line errors."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+import tradeoff
+import tradeoff_curves as tc
+from conftest import TOOLS
+
+# The small ResNet at width 4 on the fashion sample's 120 training images: 4 steps an epoch on
+# each of 2 ranks. These runs are also test_recipes.py's for the two recipes (SWEPT_RECIPES).
+SWEPT_RECIPES = ("fashion_baseline", "fashion_mild")
+TINY = ["data.backend=folder", "data.batch_size=16", "data.num_workers=0", "model.width=4",
+        "model.blocks_per_stage=1", "log.tensorboard=false", "checkpoint.interval=2ba"]
+
+
+def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_sets, tmp_path):
+    out = tmp_path / "sweep"
+    command = [sys.executable, str(TOOLS / "tradeoff.py"), "--recipes", ",".join(SWEPT_RECIPES),
+               "--durations", "2ep,1ep", "--nproc", "2", "--out", str(out),
+               f"data.path={sample_sets / 'fashion'}", *TINY]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((out / "points").glob("*.json")) and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)             # the sweep and whatever it runs by now
+    first.wait()
+    second_point = out / "runs" / "fashion_mild-1ep-s0" / "checkpoints"
+    second_was_under_way = second_point.is_dir() and any(second_point.iterdir())
+    done_first = [json.loads(p.read_text()) for p in (out / "points").glob("*.json")]
+    assert [(row["recipe"], row["duration"], row["error"]) for row in done_first] == \
+        [("fashion_baseline", "1ep", None)], "shortest first, the first recipe first"
+    finished_summary = out / "runs" / "fashion_baseline-1ep-s0" / "summary.json"
+    stamp = finished_summary.stat().st_mtime_ns
+
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "4 points, 1 already finished, 3 to run" in second.stdout
+    assert finished_summary.stat().st_mtime_ns == stamp
+    assert "fashion_baseline 1ep" not in second.stdout
+    progress = [line for line in second.stdout.splitlines() if line.startswith("[")]
+    assert len(progress) == 3 and "min left" in progress[0], second.stdout
+
+    rows = [json.loads(line) for line in (out / "points.jsonl").read_text().splitlines()]
+    assert sorted((r["recipe"], r["duration"]) for r in rows) == [
+        ("fashion_baseline", "1ep"), ("fashion_baseline", "2ep"), ("fashion_mild", "1ep"), ("fashion_mild", "2ep")]
+    for row in rows:
+        assert row["error"] is None and row["seed"] == 0 and row["world_size"] == 2
+        assert 0 <= row["val_top1"] <= 100 and row["train_wall_s"] > 0
+        assert row["resumed"] == (second_was_under_way and row["recipe"] == "fashion_mild" and row["duration"] == "1ep")
+        if not row["resumed"]:
+            assert row["train_wall_s"] < row["command_wall_s"]
+        assert row["hardware"]["cpu_model"] and row["commit"] and row["train_img_per_s"] > 0
+        summary = json.loads((out / "runs" / f"{row['recipe']}-{row['duration']}-s0" /
+                              "summary.json").read_text())
+        assert row["val_top1"] == summary["last_val_top1"]        # the final evaluation, not the best
+        launched = (out / "runs" / f"{row['recipe']}-{row['duration']}-s0" / "sweep.log").read_text()
+        assert f" max_duration={row['duration']} seed=0 " in launched
+        saved = yaml.safe_load((out / "runs" / f"{row['recipe']}-{row['duration']}-s0" / "config.yaml").read_text())
+        recipe = yaml.safe_load(tradeoff.recipe_path(row["recipe"]).read_text())
+        assert list(saved["algorithms"]) == list(recipe.get("algorithms", {}))
+    report = (out / "report.md").read_text()
+    assert "fashion_mild" in report and "Pareto frontier" in report and "Against fashion_baseline" in report
+    assert (out / "tradeoff.png").stat().st_size > 1000
+
+    other = subprocess.run([*command[:-1], "data.batch_size=32"], capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and other.stderr.count("\n") == 1 and "belongs to another sweep" in other.stderr
+
+
+def point(recipe, duration, seconds, top1, seed=0):
+    return {"recipe": recipe, "duration": duration, "seed": seed, "train_wall_s": seconds, "val_top1": top1,
+            "error": None}
+
+
+def test_speedup_and_gain_are_read_on_the_curves_by_interpolation():
+    points = [point("base", "1ep", 100, 80), point("base", "2ep", 200, 86), point("base", "4ep", 400, 90),
+              point("fast", "1ep", 50, 78), point("fast", "1ep", 50, 82, seed=1),       # mean 80
+              point("fast", "2ep", 100, 88), point("fast", "4ep", 200, 89)]
+    curves = tc.curves(points)
+    assert [(p.duration, p.top1, p.top1_min, p.top1_max, p.seeds) for p in curves["fast"]][0] == ("1ep", 80, 78, 82, 2)
+    rows = {c.baseline_duration: c for c in tc.compare_to_baseline(curves, "base")}
+    # 80% at 1ep: fast's fastest point already has it, so 100 / 50 is only a lower bound
+    assert rows["1ep"].seconds_to_reach == 50 and not rows["1ep"].exact and rows["1ep"].speedup == 2
+    # 86%: between fast's 80% at 50 s and 88% at 100 s, 6/8 of the way: 87.5 s
+    assert rows["2ep"].exact and rows["2ep"].seconds_to_reach == pytest.approx(87.5)
+    assert rows["2ep"].speedup == pytest.approx(200 / 87.5)
+    assert rows["2ep"].top1_gain_at_equal_time == pytest.approx(89 - 86)     # fast at 200 s
+    # 90%: fast never gets there; at 400 s fast has no point (no extrapolation)
+    assert rows["4ep"].seconds_to_reach is None and rows["4ep"].speedup is None
+    assert rows["4ep"].top1_gain_at_equal_time is None
+    assert rows["1ep"].top1_gain_at_equal_time == pytest.approx(88 - 80)
+
+
+def test_the_frontier_keeps_only_unbeaten_points_and_names_its_ranges():
+    points = [point("a", "1ep", 10, 70), point("a", "2ep", 20, 80), point("a", "4ep", 40, 84),
+              point("b", "1ep", 15, 75), point("b", "2ep", 30, 79), point("b", "4ep", 60, 90),
+              point("c", "1ep", 5, 50), {**point("c", "2ep", 1, 99), "error": "exit 1: boom", "val_top1": None}]
+    frontier = tc.pareto_frontier(tc.curves(points))
+    assert [(p.recipe, p.duration) for p in frontier] == [("c", "1ep"), ("a", "1ep"), ("b", "1ep"), ("a", "2ep"),
+                                                          ("a", "4ep"), ("b", "4ep")]
+    assert tc.frontier_ranges(frontier) == [("c", 5, 10), ("a", 10, 15), ("b", 15, 20), ("a", 20, 60), ("b", 60, None)]
+    report = tc.report_markdown([{**p, "hardware": {"cpu_model": "x", "cpu_cores": 2}} for p in points], "a")
+    assert "c 2ep seed 0: exit 1: boom" in report
+
+
+def test_ablation_variants_and_effects(tmp_path):
+    variants, methods = tradeoff.ablation_recipes("fashion_mild", "fashion_baseline", tmp_path, pairs=True)
+    mild = yaml.safe_load(tradeoff.recipe_path("fashion_mild").read_text())
+    assert methods == list(mild["algorithms"]) and len(methods) >= 2
+    by_name = {name: yaml.safe_load(path.read_text()) for name, path in variants}
+    first, second = methods[:2]
+    assert list(by_name[f"fashion_mild-no-{first}"]["algorithms"]) == methods[1:]
+    assert by_name[f"fashion_baseline+{first}"]["algorithms"] == {first: mild["algorithms"][first]}
+    assert set(by_name[f"fashion_baseline+{first}+{second}"]["algorithms"]) == {first, second}
+    assert len(variants) == 2 + 2 * len(methods) + len(methods) * (len(methods) - 1) // 2
+
+    points = [point("r", "1ep", 60, 90), point("base", "1ep", 100, 85), point("r-no-x", "1ep", 70, 88),
+              point("r-no-y", "1ep", 90, 89), point("base+x", "1ep", 80, 86), point("base+y", "1ep", 110, 87),
+              point("base+x+y", "1ep", 95, 90)]
+    effects, interactions = tc.ablation_effects(tc.curves(points), "r", "base", ["x", "y"])
+    x = next(e for e in effects if e.method == "x")
+    assert (x.in_recipe_top1, x.in_recipe_seconds, x.alone_top1, x.alone_seconds) == (2, -10, 1, -20)
+    assert interactions == [("1ep", "x", "y", pytest.approx(5 - 1 - 2))]
+
+
+def test_the_time_left_comes_from_finished_points():
+    rows = [{**point("a", "1ep", 9, 1), "command_wall_s": 10}, {**point("a", "2ep", 18, 1), "command_wall_s": 20}]
+    remaining = [tradeoff.Point("a", None, "4ep", 0), tradeoff.Point("b", None, "2ep", 0)]
+    assert tradeoff.seconds_left(remaining, rows) == pytest.approx(40 + 20)
+    assert tradeoff.seconds_left([tradeoff.Point("a", None, "100ba", 0)], rows) is None
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--recipes", "fashion_nosuch", "--durations", "1ep"], "unknown recipe 'fashion_nosuch'"),
+    (["--recipes", "fashion_baseline", "--durations", "1ep,0.5dur"], "--durations: bad duration '0.5dur'"),
+    (["--recipes", "fashion_baseline", "--durations", "1ep", "seed=3"], "'seed=3'"),
+    (["--recipes", "fashion_baseline", "--durations", "1ep", "optim.nosuch=1"], "recipe fashion_baseline:"),
+    (["--durations", "1ep"], "give --recipes or --ablate"),
+])
+def test_bad_arguments_are_one_line(arguments, message, tmp_path, capsys):
+    assert tradeoff.main([*arguments, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
