@@ -61,6 +61,7 @@ def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_
         if not row["resumed"]:
             assert row["train_wall_s"] < row["command_wall_s"]
         assert row["hardware"]["cpu_model"] and row["commit"] and row["train_img_per_s"] > 0
+        assert row["step_phases"]["steps"] > 0 and row["step_phases"]["forward"] > 0
         summary = json.loads((out / "runs" / f"{row['recipe']}-{row['duration']}-s0" /
                               "summary.json").read_text())
         assert row["val_top1"] == summary["last_val_top1"]        # the final evaluation, not the best
@@ -71,6 +72,7 @@ def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_
         assert list(saved["algorithms"]) == list(recipe.get("algorithms", {}))
     report = (out / "report.md").read_text()
     assert "fashion_mild" in report and "Pareto frontier" in report and "Against fashion_baseline" in report
+    assert "Where the step time goes" in report
     assert (out / "tradeoff.png").stat().st_size > 1000
 
     other = subprocess.run([*command[:-1], "data.batch_size=32"], capture_output=True, text=True, timeout=120)

@@ -203,6 +203,16 @@ def report_markdown(points: list[dict], baseline: str, ablation: dict | None = N
             gain = "-" if c.top1_gain_at_equal_time is None else f"{c.top1_gain_at_equal_time:+.2f}"
             anchor = f"{c.baseline_duration}: {c.baseline_top1:.2f}% in {_seconds(c.baseline_seconds)} s"
             lines.append(f"| {anchor} | {c.recipe} | {reach} | {speedup} | {gain} |")
+    phases = phase_shares(points)
+    if phases:
+        names = [name for name in PHASES if any(shares.get(name) for _, _, shares in phases.values())]
+        lines += ["", "**Where the step time goes** (rank 0, each recipe's longest runs, mean over seeds; "
+                  "training/step_phases.py):", "",
+                  "| recipe | duration | ms/step | " + " | ".join(names) + " |",
+                  "|---|---|---:|" + "---:|" * len(names)]
+        for recipe, (duration, ms, shares) in phases.items():
+            lines.append(f"| {recipe} | {duration} | {ms:.0f} | "
+                         + " | ".join(f"{100 * shares.get(name, 0):.0f}%" for name in names) + " |")
     if ablation:
         effects, interactions = ablation_effects(all_curves, ablation["recipe"], ablation["baseline"],
                                                  ablation["methods"])
@@ -222,6 +232,26 @@ def report_markdown(points: list[dict], baseline: str, ablation: dict | None = N
         lines += ["", "**Failed runs:**", ""] + [f"- {p['recipe']} {p['duration']} seed {p['seed']}: {p['error']}"
                                                 for p in failed]
     return "\n".join(lines) + "\n"
+
+
+PHASES = ("data", "forward", "loss", "backward", "optimizer", "hooks", "other")   # training/step_phases.py
+
+
+def phase_shares(points: list[dict]) -> dict[str, tuple[str, float, dict]]:
+    """{recipe: (duration, ms per step, {phase: mean share})} at each recipe's longest duration
+    (by steps) among the points that recorded phases: Amdahl's view of what a recipe shrank."""
+    timed: dict[str, list[dict]] = {}
+    for point in points:
+        if point.get("error") is None and point.get("step_phases", {}).get("steps"):
+            timed.setdefault(point["recipe"], []).append(point)
+    result = {}
+    for recipe, runs in sorted(timed.items()):
+        longest = max(run["steps"] for run in runs)
+        runs = [run for run in runs if run["steps"] == longest]
+        shares = {name: statistics.fmean(run["step_phases"].get(name, 0) for run in runs) for name in PHASES}
+        ms = statistics.fmean(1000 * run["step_phases"]["seconds"] / run["step_phases"]["steps"] for run in runs)
+        result[recipe] = (runs[0]["duration"], ms, shares)
+    return result
 
 
 def _seconds(value: float) -> str:

@@ -106,6 +106,9 @@ class LogConfig:
     progress: bool = True                 # rank 0's progress bar
     interval: int = 20                    # optimizer steps between metrics lines (and loss syncs)
     tensorboard: bool = True              # when the tensorboard package is installed
+    # Shares of the step time by phase in summary.json (training/step_phases.py): auto is on for
+    # CPUs and off on CUDA, where true (YAML's on) synchronizes the device at every phase boundary.
+    step_phases: Union[Literal["auto"], bool] = "auto"
 
 
 @dataclass

@@ -26,6 +26,7 @@ from training.optim import build_optimizer, build_scheduler
 from training.rng import rng_state, seed_everything, set_rng_state
 from training.run_log import RunLog
 from training.state import State
+from training.step_phases import StepPhases
 from training.typed_config import to_plain
 
 log = logging.getLogger("training")
@@ -82,6 +83,9 @@ class Trainer:
         self.store = CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
         self.log = RunLog(Path(config.run_dir), world.is_main, config.log.progress, config.log.tensorboard)
         self._wall_before = 0.0               # wall time of earlier sessions of this run
+        on_cuda = device.type == "cuda"
+        self.phases = StepPhases(config.log.step_phases is True or (config.log.step_phases == "auto" and not on_cuda),
+                                 sync=torch.cuda.synchronize if on_cuda else None)
         self._session_start = time.perf_counter()
 
     # --- the run --------------------------------------------------------------------------
@@ -122,19 +126,24 @@ class Trainer:
     def _train_epoch(self, save_every: int) -> None:
         state, world, config = self.state, self.world, self.config
         self.log.start_epoch(state.epoch, state.epochs, state.steps_per_epoch, state.batch_in_epoch)
-        timer = _Timer()
+        timer, phases = _Timer(), self.phases
+        phases.start()
         interval_start, interval_samples, interval_steps, epoch_samples = time.perf_counter(), 0, 0, 0
         loss_sum = torch.zeros((), device=world.device)
         for images, targets in state.train_loader:
+            phases.lap("data")
             state.images, state.targets = images, targets
             self.engine.fire(Event.AFTER_DATALOADER, state)
+            phases.lap("hooks")
             loss_sum += self.optimizer_step()
             samples = targets.shape[0] * world.size
             state.step, state.batch_in_epoch = state.step + 1, state.train_loader.position
             state.samples_seen += samples
             interval_samples, interval_steps, epoch_samples = (interval_samples + samples, interval_steps + 1,
                                                                epoch_samples + samples)
+            phases.lap("other")
             self.engine.fire(Event.BATCH_END, state)
+            phases.lap("hooks")
             if state.step % config.log.interval == 0 or state.batch_in_epoch == state.steps_per_epoch:
                 loss = dist.all_reduce_sum(loss_sum, world).item() / (world.size * interval_steps)
                 now = time.perf_counter()
@@ -147,11 +156,14 @@ class Trainer:
                 loss_sum.zero_()
                 interval_start, interval_samples, interval_steps = now, 0, 0
             self.log.advance()
+            phases.lap("other")
             if _due(state.step, save_every) and not state.finished and state.batch_in_epoch < state.steps_per_epoch:
                 with timer.paused():
                     self.save_checkpoint()
+                phases.start()
             if state.finished:
                 break
+        phases.lap("data")                          # the loader's end of epoch (nothing after a break)
         self.log.end_epoch()
         seconds = timer.seconds()
         state.train_seconds += seconds
@@ -161,7 +173,7 @@ class Trainer:
 
     def optimizer_step(self) -> torch.Tensor:
         """One optimizer step over the batch in state, in `grad_accum` micro-batches; the batch's mean loss."""
-        state, accum = self.state, self.config.grad_accum
+        state, accum, phases = self.state, self.config.grad_accum, self.phases
         images, targets = state.images, state.targets
         state.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.world.device)
@@ -170,20 +182,29 @@ class Trainer:
             with self.ddp.no_sync() if (self.ddp and not last) else contextlib.nullcontext():
                 state.images, state.targets = micro_images, micro_targets
                 self.engine.fire(Event.BEFORE_FORWARD, state)
+                phases.lap("hooks")
                 with self.autocast():
                     state.outputs = state.train_model(state.images)
+                    phases.lap("forward")
                     self.engine.fire(Event.BEFORE_LOSS, state)
+                    phases.lap("hooks")
                     state.loss = state.loss_fn(state.outputs, state.targets)
+                phases.lap("loss")
                 self.engine.fire(Event.AFTER_LOSS, state)
-                state.scaler.scale(state.loss / accum).backward()
+                phases.lap("hooks")
+                state.scaler.scale(state.loss / accum).backward()      # DDP's all-reduce overlaps it
+                phases.lap("backward")
                 self.engine.fire(Event.AFTER_BACKWARD, state)
                 total += state.loss.detach().float() / accum
+                phases.lap("hooks")
         if state.scaler.is_enabled():
             state.scaler.unscale_(state.optimizer)     # algorithms see true gradients
         self.engine.fire(Event.BEFORE_OPTIMIZER_STEP, state)
+        phases.lap("hooks")
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.scheduler.step()
+        phases.lap("optimizer")
         return total
 
     @torch.no_grad()
@@ -270,7 +291,8 @@ class Trainer:
                    "last_val_top5": state.metrics.get("val_top5"), "wall_s": round(self._wall_seconds(), 2),
                    "train_img_per_s": round(state.samples_seen / max(state.train_seconds, 1e-9), 1),
                    "epochs": round(state.step / state.steps_per_epoch, 3), "steps": state.step,
-                   "world_size": self.world.size, "device": str(self.world.device)}
+                   "world_size": self.world.size, "device": str(self.world.device),
+                   "step_phases": self.phases.shares()}
         self.log.write_summary(summary)
         self.log.print(f"done: top-1 {summary['last_val_top1']:.2f}% (best {summary['best_val_top1']:.2f}%), "
                        f"{summary['epochs']:g} epochs in {summary['wall_s']:.1f} s, "

@@ -1,0 +1,57 @@
+"""training/step_phases.py in real (in-process) training runs: the phases tile the step time,
+and each phase gets what happens in it: a slow loader's time lands in `data`, a slow hook's in
+`hooks`."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from algorithms.base import Algorithm, Event
+from conftest import tiny_trainer
+from training.step_phases import PHASES
+
+
+class SlowHook(Algorithm):
+    """Sleeps at every AFTER_BACKWARD."""
+    seconds = 0.02
+
+    def match(self, event, state):
+        return event == Event.AFTER_BACKWARD
+
+    def apply(self, event, state):
+        time.sleep(self.seconds)
+
+
+def seconds_in(phases: dict, phase: str) -> float:
+    return phases[phase] * phases["seconds"]
+
+
+def test_phases_add_up_to_the_step_time_and_a_slow_hook_lands_in_hooks(tmp_path):
+    """The same run with and without a hook that sleeps 20 ms a step: the 8 sleeps land in
+    `hooks`, not elsewhere. (Shares between phases depend on what runs beside the test, so the
+    comparison is in seconds, against the same run without the hook.)"""
+    trainer = tiny_trainer(tmp_path / "slow", [SlowHook()])
+    summary = trainer.fit()
+    slow, plain = summary["step_phases"], tiny_trainer(tmp_path / "plain", []).fit()["step_phases"]
+    assert slow["steps"] == summary["steps"] == 8
+    assert sum(slow[name] for name in PHASES) == pytest.approx(1, abs=0.002)
+    assert slow["seconds"] == pytest.approx(trainer.state.train_seconds, rel=0.10)
+    added = seconds_in(slow, "hooks") - seconds_in(plain, "hooks")
+    assert 8 * SlowHook.seconds <= added < 8 * SlowHook.seconds + 0.5 * plain["seconds"], (slow, plain)
+    assert all(slow[name] > 0 for name in ("data", "forward", "loss", "backward", "optimizer", "other"))
+
+
+def test_a_loader_that_decodes_in_the_training_process_shows_as_data(sample_sets, tmp_path):
+    """400x350 px photos decoded with no workers: tens of milliseconds a step waiting for data;
+    synthetic batches already in memory: hardly any."""
+    decoded = tiny_trainer(tmp_path / "photos", [], "data.backend=folder", f"data.path={sample_sets / 'photos'}",
+                           "data.num_workers=0", "data.num_classes=23", "max_duration=6ba").fit()["step_phases"]
+    synthetic = tiny_trainer(tmp_path / "synthetic", []).fit()["step_phases"]
+    per_step = {name: seconds_in(phases, "data") / phases["steps"]
+                for name, phases in (("decoded", decoded), ("synthetic", synthetic))}
+    assert per_step["decoded"] > 0.005 and per_step["decoded"] > 20 * per_step["synthetic"], (decoded, synthetic)
+
+
+def test_off_records_nothing(tmp_path):
+    assert tiny_trainer(tmp_path, [], "log.step_phases=off").fit()["step_phases"] == {}
