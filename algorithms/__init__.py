@@ -28,6 +28,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "selective_backprop": ("algorithms.selective_backprop", "SelectiveBackprop"),
     "sam": ("algorithms.sam", "SAM"),
     "ema": ("algorithms.ema", "EMA"),
+    "flip_tta": ("algorithms.flip_tta", "FlipTTA"),
 }
 
 # pairs that work against each other, and why (MosaicML's method cards and recipes)

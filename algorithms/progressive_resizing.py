@@ -5,8 +5,9 @@ the first `delay_fraction` of training, rising linearly to full size at the star
 last `finetune_fraction`, rounded to a multiple of `size_increment`.
 Two variants, so they can be compared:
 - `mode="loader"` (default): the loader decodes and crops straight to the scheduled size
-  (pipeline/schedules.ComposerRamp, at epoch granularity). Decode and augmentation get
-  cheaper too, which is where a data-bound run gains.
+  (pipeline/schedules.ComposerRamp, at epoch granularity: each epoch at the ramp's value at
+  its middle, and the last one at full size when there is a finetune, so a 1-epoch run has
+  nothing to ramp). Decode and augmentation get cheaper too, which is where a data-bound run gains.
 - `mode="batch"`: Composer's form: full-size batches are resized on the device after loading
   (bilinear, antialiased), at step granularity. Only the model's work shrinks.
 When it helps: model-bound runs of CNNs (cost falls roughly with the pixel count); the

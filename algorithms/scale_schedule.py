@@ -33,8 +33,8 @@ def scale_resolution_schedule(resolution, ratio: float):
     if not isinstance(resolution, dict):
         return resolution
     keys = {"ffcv": ("start_ramp", "end_ramp"), "composer": ("total_epochs",)}.get(resolution.get("form"), ())
-    # Kept fractional: FFCVRamp and ComposerRamp compare epochs with them, so the scaled schedule
-    # at epoch e is exactly the original one at e / ratio.
+    # Kept fractional: FFCVRamp's scaled schedule at epoch e is exactly the original at e / ratio,
+    # and ComposerRamp's is the same ramp over the shorter run (it ends in the epoch it says).
     return {**resolution, **{key: resolution[key] * ratio for key in keys if key in resolution}}
 
 

@@ -6,6 +6,10 @@ Two published forms, each a small frozen dataclass callable on the epoch:
 - `ComposerRamp` (MosaicML's ProgressiveResizing, at epoch granularity): the scale stays at
   `initial_scale` for the first `delay_fraction` of training, rises linearly to 1 at the start
   of the last `finetune_fraction`, and the side is rounded to a multiple of `size_increment`.
+  An epoch takes the ramp's value at its middle (the mean of Composer's per-step ramp over it),
+  and with a finetune the last epoch is at full size: the ramp taken at each epoch's start
+  left runs of 1-3 epochs never trained at the size they are evaluated at (fashion sample,
+  1 epoch at 20 px, evaluated at 28: 57% top-1 against 86.5% without the ramp).
 `resolution_schedule(value)` builds one from an int or a mapping, as found in a config.
 """
 from __future__ import annotations
@@ -70,9 +74,6 @@ class ComposerRamp:
                f"got {self.delay_fraction}, {self.finetune_fraction}")
         _check(self.size_increment >= 1, f"size_increment must be >= 1, got {self.size_increment}")
 
-    def scale(self, epoch: int) -> float:
-        return ramp_scale(epoch / self.total_epochs, self.initial_scale, self.delay_fraction, self.finetune_fraction)
-
     def side_at(self, elapsed: float) -> int:
         """The side when a share `elapsed` (0..1) of training is done: at any granularity."""
         scale = ramp_scale(elapsed, self.initial_scale, self.delay_fraction, self.finetune_fraction)
@@ -80,7 +81,11 @@ class ComposerRamp:
         return max(self.size_increment, min(side, self.final_res))
 
     def __call__(self, epoch: int) -> int:
-        return self.side_at(epoch / self.total_epochs)
+        # total_epochs may be fractional (ScaleSchedule scales it): the last epoch is the one it ends in.
+        if self.finetune_fraction > 0 and epoch + 1 >= self.total_epochs:
+            return self.final_res
+        middle = (epoch + min(epoch + 1, self.total_epochs)) / 2
+        return self.side_at(middle / self.total_epochs)
 
 
 def ramp_scale(elapsed: float, initial_scale: float, delay_fraction: float, finetune_fraction: float) -> float:

@@ -52,9 +52,11 @@ def test_progressive_resizing_loader_and_batch_follow_the_same_ramp(tmp_path):
     options = {"initial_scale": 0.5, "delay_fraction": 0.4, "finetune_fraction": 0.2, "size_increment": 4}
     loader = run(tmp_path / "loader", {"progressive_resizing": {"mode": "loader", **options}})
     batch = run(tmp_path / "batch", {"progressive_resizing": {"mode": "batch", **options}})
-    expected = [16] * 5 + [20, 24, 28, 32, 32]      # ten epochs of two steps, one side per epoch
-    assert [side for side, _ in loader[::2]] == expected
-    assert [side for side, _ in batch[::2]] == expected
+    # Ten epochs of two steps. Batch mode follows the ramp step by step; the loader holds one side
+    # an epoch, the ramp's at the epoch's middle, which is where batch mode's second step sits.
+    assert [side for side, _ in batch[::2]] == [16] * 5 + [20, 24, 28, 32, 32]
+    assert [side for side, _ in loader[::2]] == [16] * 5 + [24, 24, 32, 32, 32]
+    assert loader[::2] == loader[1::2] and loader[::2] == batch[1::2]
 
 
 def test_colout_loader_and_batch_side(tmp_path):

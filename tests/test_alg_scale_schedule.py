@@ -23,12 +23,14 @@ def test_scale_duration(text, ratio, expected):
     assert scale_duration(Duration.parse(text), ratio) == Duration.parse(expected)
 
 
-def test_scaled_resolution_schedules_are_the_originals_at_epoch_over_ratio():
+def test_scaled_resolution_schedules_are_the_originals_squeezed():
     ffcv = {"form": "ffcv", "min_res": 160, "max_res": 192, "start_ramp": 11, "end_ramp": 13, "multiple": 8}
-    composer = {"form": "composer", "final_res": 224, "total_epochs": 16}
-    for original in (ffcv, composer):
-        scaled = resolution_schedule(scale_resolution_schedule(original, 0.5))
-        assert [scaled(e) for e in range(9)] == [resolution_schedule(original)(2 * e) for e in range(9)]
+    scaled = resolution_schedule(scale_resolution_schedule(ffcv, 0.5))
+    assert [scaled(e) for e in range(9)] == [resolution_schedule(ffcv)(2 * e) for e in range(9)]
+    # The Composer ramp is given in shares of the run: the same ramp, over half the epochs.
+    composer = {"form": "composer", "final_res": 224, "total_epochs": 16, "initial_scale": 0.5}
+    assert resolution_schedule(scale_resolution_schedule(composer, 0.5)) == resolution_schedule(
+        {**composer, "total_epochs": 8})
     assert scale_resolution_schedule(224, 0.5) == 224
 
 

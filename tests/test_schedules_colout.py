@@ -18,8 +18,21 @@ def test_ffcv_ramp_holds_ramps_in_multiples_and_holds_again():
 def test_composer_ramp_follows_delay_ramp_and_finetune():
     ramp = ComposerRamp(final_res=224, total_epochs=10, initial_scale=0.5, delay_fraction=0.5,
                         finetune_fraction=0.2, size_increment=4)
-    # epoch 6: scale 0.5 + 0.5 * (0.1 / 0.3) = 2/3 -> 149.3 -> 148; epoch 7: 5/6 -> 186.7 -> 188
-    assert [ramp(e) for e in range(10)] == [112] * 6 + [148, 188, 224, 224]
+    # each epoch at its middle: epoch 5 (0.55): 0.5 + 0.5 * (0.05 / 0.3) = 7/12 -> 130.7 -> 132;
+    # epoch 6 (0.65): 3/4 -> 168; epoch 7 (0.75): 11/12 -> 205.3 -> 204; from 0.8 on, full size
+    assert [ramp(e) for e in range(10)] == [112] * 5 + [132, 168, 204, 224, 224]
+
+
+@pytest.mark.parametrize("total_epochs, sides", [(1, [28]), (2, [20, 28]), (3, [20, 24, 28]),
+                                                 (2.25, [20, 24, 28])])
+def test_composer_ramp_ends_short_runs_at_full_size(total_epochs, sides):
+    """With a finetune, the epoch the run ends in is at full size, however few epochs there are
+    (a fractional total is what ScaleSchedule makes); without one, the ramp alone decides."""
+    ramp = ComposerRamp(final_res=28, total_epochs=total_epochs, initial_scale=0.75, delay_fraction=0.4,
+                        finetune_fraction=0.2, size_increment=4)
+    assert [ramp(e) for e in range(len(sides))] == sides
+    no_finetune = ComposerRamp(28, 2, initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.0)
+    assert [no_finetune(e) for e in range(2)] == [16, 20]    # 0.25 -> 0.5 (14 -> 16); 0.75 -> 0.75 (21 -> 20)
 
 
 def test_schedules_from_config_values():
