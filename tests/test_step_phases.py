@@ -37,8 +37,12 @@ def test_phases_add_up_to_the_step_time_and_a_slow_hook_lands_in_hooks(tmp_path)
     assert slow["steps"] == summary["steps"] == 8
     assert sum(slow[name] for name in PHASES) == pytest.approx(1, abs=0.002)
     assert slow["seconds"] == pytest.approx(trainer.state.train_seconds, rel=0.10)
+    # At least the sleeps (1 ms for the rounding of shares), and no more than the sleeps plus what
+    # the runs' own noise explains; the lower bound is not taken against the plain run's hooks,
+    # whose few milliseconds of a busy machine's stalls made it fail once.
+    assert seconds_in(slow, "hooks") >= 8 * SlowHook.seconds - 0.001, (slow, plain)
     added = seconds_in(slow, "hooks") - seconds_in(plain, "hooks")
-    assert 8 * SlowHook.seconds <= added < 8 * SlowHook.seconds + 0.5 * plain["seconds"], (slow, plain)
+    assert added < 8 * SlowHook.seconds + 0.5 * plain["seconds"], (slow, plain)
     assert all(slow[name] > 0 for name in ("data", "forward", "loss", "backward", "optimizer", "other"))
 
 
