@@ -61,6 +61,8 @@ def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_
         if not row["resumed"]:
             assert row["train_wall_s"] < row["command_wall_s"]
         assert row["hardware"]["cpu_model"] and row["commit"] and row["train_img_per_s"] > 0
+        assert row["default_duration"] == str(yaml.safe_load(tradeoff.recipe_path(row["recipe"]).read_text())
+                                              ["max_duration"])
         assert row["step_phases"]["steps"] > 0 and row["step_phases"]["forward"] > 0
         summary = json.loads((out / "runs" / f"{row['recipe']}-{row['duration']}-s0" /
                               "summary.json").read_text())
@@ -101,6 +103,21 @@ def test_speedup_and_gain_are_read_on_the_curves_by_interpolation():
     assert rows["4ep"].seconds_to_reach is None and rows["4ep"].speedup is None
     assert rows["4ep"].top1_gain_at_equal_time is None
     assert rows["1ep"].top1_gain_at_equal_time == pytest.approx(88 - 80)
+
+
+def test_each_recipe_is_compared_at_its_own_default_duration():
+    points = [{**p, "default_duration": default} for p, default in [
+        (point("base", "2ep", 200, 86), "4ep"), (point("base", "4ep", 400, 90), "4ep"),
+        (point("fast", "2ep", 100, 88), "2ep"), (point("fast", "2ep", 120, 89, seed=1), "2ep"),
+        (point("fast", "4ep", 200, 91), "2ep"), (point("long", "2ep", 300, 80), "8ep")]]   # long: 8ep not run
+    rows = {p.recipe: (p.duration, p.seconds, share, gain)
+            for p, share, gain in tc.at_default_durations(tc.curves(points), points, "base")}
+    assert rows.keys() == {"base", "fast"}
+    assert rows["fast"][:2] == ("2ep", 110)
+    assert rows["fast"][2] == pytest.approx(110 / 400) and rows["fast"][3] == pytest.approx(88.5 - 90)
+    assert rows["base"][2:] == (1, 0)
+    report = tc.report_markdown([{**p, "hardware": {"cpu_model": "x", "cpu_cores": 2}} for p in points], "base")
+    assert "| fast | 2ep | 88.50 | 110 | 28% | -1.50 |" in report
 
 
 def test_the_frontier_keeps_only_unbeaten_points_and_names_its_ranges():

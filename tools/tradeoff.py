@@ -161,7 +161,8 @@ def run_point(point: Point, out: Path, nproc: int, overrides: list[str], hardwar
         returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
     row = {"recipe": point.recipe, "duration": point.duration, "seed": point.seed,
            "command_wall_s": round(time.perf_counter() - start, 2), "resumed": resumed, "run_dir": str(run_dir),
-           "recipe_file": str(point.recipe_path), "hardware": hardware, "commit": git_commit(),
+           "recipe_file": str(point.recipe_path), "default_duration": default_duration(point.recipe_path),
+           "hardware": hardware, "commit": git_commit(),
            "date": time.strftime("%Y-%m-%d")}
     summary_path = run_dir / "summary.json"
     if returncode != 0 or not summary_path.is_file():
@@ -171,6 +172,13 @@ def run_point(point: Point, out: Path, nproc: int, overrides: list[str], hardwar
             "train_wall_s": summary["wall_s"], "train_img_per_s": summary["train_img_per_s"],
             "epochs": summary["epochs"], "steps": summary["steps"], "world_size": summary["world_size"],
             "step_phases": summary.get("step_phases") or {}, "error": None}
+
+
+def default_duration(recipe: Path) -> str | None:
+    """The recipe's own max_duration: the point its author put on the frontier, which the report
+    compares with the baseline's."""
+    value = (yaml.safe_load(recipe.read_text()) or {}).get("max_duration")
+    return None if value is None else str(Duration.parse(str(value)))
 
 
 def _error_line(log: Path, returncode: int) -> str:

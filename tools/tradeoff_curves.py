@@ -116,6 +116,19 @@ def compare_to_baseline(all_curves: dict[str, list[CurvePoint]], baseline: str) 
     return rows
 
 
+def at_default_durations(all_curves: dict[str, list[CurvePoint]], points: list[dict],
+                         baseline: str) -> list[tuple[CurvePoint, float | None, float | None]]:
+    """(point, its time as a share of the baseline's, top-1 minus the baseline's) for each recipe
+    at its own default duration (the `default_duration` its points recorded), against the
+    baseline at its default: how the recipes compare as users would run them."""
+    defaults = {p["recipe"]: p.get("default_duration") for p in points if p.get("default_duration")}
+    chosen = {recipe: next((p for p in curve if p.duration == defaults.get(recipe)), None)
+              for recipe, curve in all_curves.items()}
+    anchor = chosen.get(baseline)
+    return [(p, anchor and p.seconds / anchor.seconds, anchor and p.top1 - anchor.top1)
+            for p in chosen.values() if p is not None]
+
+
 # --- ablation ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MethodEffect:
@@ -203,6 +216,14 @@ def report_markdown(points: list[dict], baseline: str, ablation: dict | None = N
             gain = "-" if c.top1_gain_at_equal_time is None else f"{c.top1_gain_at_equal_time:+.2f}"
             anchor = f"{c.baseline_duration}: {c.baseline_top1:.2f}% in {_seconds(c.baseline_seconds)} s"
             lines.append(f"| {anchor} | {c.recipe} | {reach} | {speedup} | {gain} |")
+    defaults = at_default_durations(all_curves, points, baseline)
+    if len(defaults) > 1:
+        lines += ["", f"**Each recipe at its default duration** (its `max_duration`), against {baseline} at its own:",
+                  "", f"| recipe | duration | top-1 % | train s | time / {baseline}'s | top-1 - {baseline}'s |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for p, share, gain in defaults:
+            lines.append(f"| {p.recipe} | {p.duration} | {p.top1:.2f} | {_seconds(p.seconds)} | "
+                         f"{'-' if share is None else f'{100 * share:.0f}%'} | {_signed(gain, '.2f')} |")
     phases = phase_shares(points)
     if phases:
         names = [name for name in PHASES if any(shares.get(name) for _, _, shares in phases.values())]
