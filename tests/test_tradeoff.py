@@ -171,3 +171,9 @@ def test_bad_arguments_are_one_line(arguments, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_recipe_keeps_its_whole_name_dots_included():
+    assert tradeoff.recipe_name("runs/tune/baseline_lr0.8.yaml") == "baseline_lr0.8"
+    assert tradeoff.recipe_name("baseline_lr0.8") == "baseline_lr0.8"
+    assert tradeoff.recipe_name("fashion_mild") == "fashion_mild"

@@ -72,10 +72,17 @@ def recipe_path(name: str) -> Path:
     return path
 
 
+def recipe_name(name_or_path: str) -> str:
+    """A recipe's name in the report: its file's name without .yaml; a name as given (Path.stem
+    would cut 'baseline_lr0.8' to 'baseline_lr0')."""
+    name = Path(name_or_path).name
+    return name.rsplit(".", 1)[0] if name.endswith((".yaml", ".yml")) else name
+
+
 def check_recipes(names: list[str], overrides: list[str]) -> None:
     """Every recipe exists and takes the overrides: a typo fails here, not in every point."""
     from training.config import ConfigError, load_config
-    if len({Path(n).stem for n in names}) < len(names):
+    if len({recipe_name(n) for n in names}) < len(names):
         raise SweepError(f"--recipes {','.join(names)}: a recipe named twice")
     for name in names:
         try:
@@ -281,22 +288,22 @@ def main(argv=None) -> int:
         hardware = signature()
         conditions = {"overrides": args.overrides, "nproc": args.nproc, "machine": slug(hardware)}
         if args.ablate:
-            baseline = args.baseline or f"{Path(args.ablate).stem.split('_')[0]}_baseline"
+            baseline = args.baseline or f"{recipe_name(args.ablate).split('_')[0]}_baseline"
             check_recipes([args.ablate, baseline], args.overrides)
-            out = Path(args.out or f"runs/tradeoff/ablate-{Path(args.ablate).stem}")
+            out = Path(args.out or f"runs/tradeoff/ablate-{recipe_name(args.ablate)}")
             claim_out(out, conditions)
             recipes, methods = ablation_recipes(args.ablate, baseline, out, args.pairs)
             check_recipes([str(path) for _, path in recipes[2:]], args.overrides)
-            ablation = {"recipe": Path(args.ablate).stem, "baseline": Path(baseline).stem, "methods": methods}
+            ablation = {"recipe": recipe_name(args.ablate), "baseline": recipe_name(baseline), "methods": methods}
         else:
             names = [n for n in args.recipes.split(",") if n]
             check_recipes(names, args.overrides)
-            recipes = [(Path(n).stem, recipe_path(n)) for n in names]
+            recipes = [(recipe_name(n), recipe_path(n)) for n in names]
             baseline = args.baseline or next((n for n, _ in recipes if "baseline" in n), recipes[0][0])
             out = Path(args.out or f"runs/tradeoff/{'-'.join(n for n, _ in recipes)}")
             claim_out(out, conditions)
             ablation = None
-        return sweep(plan(recipes, durations, seeds or [0]), out, args.nproc, args.overrides, Path(baseline).stem,
+        return sweep(plan(recipes, durations, seeds or [0]), out, args.nproc, args.overrides, recipe_name(baseline),
                      hardware, ablation)
     except SweepError as error:
         print(f"error: {error}", file=sys.stderr)
