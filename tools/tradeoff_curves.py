@@ -125,8 +125,9 @@ def at_default_durations(all_curves: dict[str, list[CurvePoint]], points: list[d
     chosen = {recipe: next((p for p in curve if p.duration == defaults.get(recipe)), None)
               for recipe, curve in all_curves.items()}
     anchor = chosen.get(baseline)
-    return [(p, anchor and p.seconds / anchor.seconds, anchor and p.top1 - anchor.top1)
-            for p in chosen.values() if p is not None]
+    if anchor is None:
+        return [(p, None, None) for p in chosen.values() if p is not None]
+    return [(p, p.seconds / anchor.seconds, p.top1 - anchor.top1) for p in chosen.values() if p is not None]
 
 
 # --- ablation ---------------------------------------------------------------------------------
