@@ -37,7 +37,8 @@ from benchmarks.hardware import RESULTS, append_results, signature  # noqa: E402
 
 # name -> (how it is built, the data form it reads)
 CONFIGURATIONS = {
-    "folder": ("folder", "raw"), "webdataset": ("webdataset", "wds"), "ffcv": ("ffcv", "ffcv"),
+    "folder": ("folder", "raw"), "webdataset": ("webdataset", "wds"), "webdataset-pillow": ("webdataset", "wds"),
+    "ffcv": ("ffcv", "ffcv"),
     "ffcv-proportion": ("ffcv", "ffcv-proportion"), "ffcv-bare": ("ffcv-bare", "ffcv"),
     "dali-folder": ("dali", "raw"), "dali-wds": ("dali", "wds"), "dali-bare": ("dali-bare", "wds"),
     "synthetic": ("synthetic", None)}
@@ -93,7 +94,8 @@ def build(config: dict):
     return build_loader(LoaderSpec(kind, path=config["path"], split=config["split"],
                                    batch_size=config["batch_size"], resolution=config["resolution"],
                                    val_resolution=config["resolution"], num_workers=config["workers"],
-                                   synthetic_size=config["synthetic_size"]))
+                                   synthetic_size=config["synthetic_size"],
+                                   native_decode=config["name"] != "webdataset-pillow"))
 
 
 def measure(config: dict) -> dict:
@@ -108,7 +110,7 @@ def measure(config: dict) -> dict:
     memory = PeakMemory()
     memory.start()
     loader = build(config)
-    seconds, busy, total = [], 0, 0
+    seconds, busy, total, stages_after_warmup = [], 0, 0, None
     for epoch in range(config["epochs"] + 1):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
@@ -118,13 +120,21 @@ def measure(config: dict) -> dict:
         for batch in loader:
             images += len(batch[0]["labels"] if isinstance(batch, list) else batch[1])
         seconds.append(time.perf_counter() - started)
+        if epoch == 0 and hasattr(loader, "engine_seconds"):
+            stages_after_warmup = dict(loader.engine_seconds), loader.engine_samples
         if epoch:
             busy1, total1 = busy_jiffies()
             busy, total = busy + busy1 - busy0, total + total1 - total0
     memory.running = False
-    return {"img_per_s": images / statistics.median(seconds[1:]), "images_per_epoch": images,
-            "epoch_seconds": seconds[1:], "warmup_seconds": seconds[0], "cpu_util": busy / total if total else None,
-            "peak_rss_mb": memory.peak_mb}
+    figures = {"img_per_s": images / statistics.median(seconds[1:]), "images_per_epoch": images,
+               "epoch_seconds": seconds[1:], "warmup_seconds": seconds[0], "cpu_util": busy / total if total else None,
+               "peak_rss_mb": memory.peak_mb}
+    if stages_after_warmup and loader.engine_samples > stages_after_warmup[1]:
+        # CPU microseconds per image in each stage of the decode engine, over the timed epochs
+        samples = loader.engine_samples - stages_after_warmup[1]
+        figures["engine_us_per_image"] = {stage: 1e6 * (seconds - stages_after_warmup[0][stage]) / samples
+                                          for stage, seconds in loader.engine_seconds.items()}
+    return figures
 
 
 def convert(form: str, source: Path, cache: Path) -> Path:
@@ -143,7 +153,7 @@ def main() -> int:
     parser.add_argument("--source", type=Path, default=ROOT / "data" / "sample" / "photos",
                         help="ImageNet-layout folder (make demo writes data/sample/photos)")
     parser.add_argument("--cache", type=Path, default=ROOT / "data" / "bench", help="where conversions are kept")
-    parser.add_argument("--backends", default="decode_bound,gpu_decode_bound,folder,webdataset,ffcv,ffcv-proportion,"
+    parser.add_argument("--backends", default="decode_bound,gpu_decode_bound,folder,webdataset,webdataset-pillow,ffcv,ffcv-proportion,"
                         "ffcv-bare,dali-folder,dali-wds,dali-bare",
                         help="comma-separated: " + ", ".join([*BOUNDS, *CONFIGURATIONS]))
     parser.add_argument("--splits", default="train,val")
@@ -189,7 +199,7 @@ def main() -> int:
                         figures = bound[(split, name)]       # resolution-independent: measured once per split
                     else:
                         kind, form = (name, "wds") if name in BOUNDS else CONFIGURATIONS[name]
-                        config = {"kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
+                        config = {"name": name, "kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
                                   "resolution": resolution, "workers": workers, "batch_size": args.batch_size,
                                   "epochs": args.epochs, "synthetic_size": 2300 if split == "train" else 575}
                         run = subprocess.run([sys.executable, __file__, "--one", json.dumps(config)],
@@ -207,6 +217,9 @@ def main() -> int:
                     print(f"{name:<16} {split:<5} {resolution:>4} {workers:>7} {figures['img_per_s']:>7.0f} "
                           f"{share if share is not None else float('nan'):>7.2f} {figures.get('cpu_util') or 0:>5.0%} "
                           f"{figures.get('peak_rss_mb') or 0:>6.0f}")
+                    if "engine_us_per_image" in figures:
+                        print(" " * 18 + "engine, CPU us per image: " + ", ".join(
+                            f"{stage} {us:.0f}" for stage, us in figures["engine_us_per_image"].items()))
                     rows.append({"benchmark": "loaders", "backend": name, "split": split, "resolution": resolution,
                                  "workers": workers if name != "decode_bound" else hardware["cpu_cores"],
                                  "batch_size": args.batch_size, "dataset": forms[form][1] if form else "synthetic",

@@ -9,6 +9,7 @@ missing optional package (ffcv, nvidia-dali) only matters to the backend that ne
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 from pipeline.datasets import require_directory
@@ -25,7 +26,12 @@ _IMPLEMENTATIONS = {
 
 
 def build_loader(spec: LoaderSpec):
-    """The loader `spec` asks for; a missing optional package is a one-line ImportError."""
+    """The loader `spec` asks for; a missing optional package is a one-line ImportError.
+    `backend="auto"` picks the fastest backend that reads spec.path here (pipeline/auto_backend.py)."""
+    if spec.backend == "auto":
+        from pipeline.auto_backend import choose_backend
+        require_directory(spec.path, spec.backend)
+        spec = dataclasses.replace(spec, backend=choose_backend(spec)[0])
     module_name, class_name, package = _IMPLEMENTATIONS[spec.backend]
     if spec.backend != "synthetic":
         # Before the backend's import: FFCV's alone takes 5-9 s (numba compiles at import).

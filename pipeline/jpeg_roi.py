@@ -5,24 +5,20 @@ A RandomResizedCrop keeps on average about half of an image's area, and a val cr
 it; Pillow decodes every pixel first. `jpeg_roi.c` (libjpeg-turbo, the library Pillow-SIMD
 links) skips the rows above the crop without the IDCT, never decodes the rows below it and
 leaves out the columns beside it, at 1/2, 1/4 or 1/8 scale when the crop is still at least
-twice the output size there. The C file is compiled with the system `cc` the first time
-this module is imported (or when the source is newer than the library), into the package
-folder, atomically, so concurrent processes never load a half-written library; it needs
-the libjpeg headers that tools/bootstrap.sh installs.
+twice the output size there. The C file is compiled the first time this module is imported
+(`pipeline/native.py`).
 """
 from __future__ import annotations
 
 import ctypes
 import math
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.native import load_library
+
 SOURCE = Path(__file__).with_name("jpeg_roi.c")
-LIBRARY = Path(__file__).with_name("_jpeg_roi.so")
 MESSAGE_SIZE = 200
 
 
@@ -30,24 +26,8 @@ class JPEGError(ValueError):
     """libjpeg refused the data (corrupt, truncated, not a JPEG, or CMYK)."""
 
 
-def _build() -> None:
-    with tempfile.NamedTemporaryFile(dir=LIBRARY.parent, prefix=".jpeg_roi-", suffix=".so", delete=False) as tmp:
-        partial = Path(tmp.name)
-    try:
-        result = subprocess.run(["cc", "-O3", "-shared", "-fPIC", "-o", str(partial), str(SOURCE), "-ljpeg"],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"cannot compile {SOURCE.name} (needs cc and the libjpeg-turbo headers, "
-                               f"libjpeg62-turbo-dev; run tools/bootstrap.sh): {result.stderr.strip()[:300]}")
-        os.replace(partial, LIBRARY)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
 def _load() -> ctypes.CDLL:
-    if not LIBRARY.exists() or LIBRARY.stat().st_mtime < SOURCE.stat().st_mtime:
-        _build()
-    library = ctypes.CDLL(str(LIBRARY))
+    library = load_library(SOURCE)
     int_p, char_p = ctypes.POINTER(ctypes.c_int), ctypes.c_char_p
     library.jpeg_roi_size.argtypes = [char_p, ctypes.c_ulong, int_p, int_p, char_p, ctypes.c_int]
     library.jpeg_roi_decode.argtypes = [char_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int, ctypes.c_int,

@@ -46,14 +46,15 @@ class BatchBuffers:
 
     def take(self, shape: tuple[int, ...]) -> torch.Tensor:
         for buffer in self.buffers:
-            if tuple(buffer.shape) == tuple(shape) and not _used_elsewhere(buffer):
+            if tuple(buffer.shape) == tuple(shape) and not used_elsewhere(buffer):
                 return buffer
         buffer = torch.empty(shape, dtype=torch.float32)
         self.buffers = [*self.buffers, buffer][-self.keep:]
         return buffer
 
 
-def _used_elsewhere(buffer: torch.Tensor) -> bool:
+def used_elsewhere(buffer: torch.Tensor) -> bool:
+    """Whether any tensor other than `buffer` (a batch handed out, a view of it) uses its memory."""
     # The storage's use count: 1 for `buffer` itself, 1 for the storage object made to ask;
     # every other tensor on this memory (a batch handed out, a view of it) adds one.
     return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > 2

@@ -13,7 +13,7 @@ from pipeline.schedules import Schedule, resolution_schedule
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-BACKENDS = ("ffcv", "dali", "webdataset", "folder", "synthetic")
+BACKENDS = ("ffcv", "dali", "webdataset", "folder", "synthetic", "auto")   # auto: pipeline/auto_backend.py
 SPLITS = ("train", "val")
 
 
@@ -30,7 +30,8 @@ class LoaderSpec:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)       # RandomResizedCrop aspect ratio
     colout: Optional[tuple[float, float]] = None      # (p_row, p_col) dropped in the loader
     randaugment: Optional[tuple[int, int]] = None     # (depth, severity) in the loader; not in ffcv
-    num_workers: int = 2
+    num_workers: int = 2                # worker processes; the webdataset engine's threads
+    native_decode: bool = True          # webdataset: the native engine (False: Pillow in worker processes)
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
     seed: int = 0

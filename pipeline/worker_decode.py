@@ -166,6 +166,23 @@ def _stop_workers(iterator) -> None:
     iterator._shutdown_workers()              # torch's own shutdown; a no-op the second time
 
 
+class BatchKeys:
+    """A sampler of whole-batch keys: this epoch's keys from the resume point (`start`) on, read
+    when iteration starts. It holds the keys itself, not the loader, so that a dropped loader is
+    freed at once, workers and all, not left in a loader -> DataLoader -> sampler -> loader
+    cycle for the collector."""
+
+    def __init__(self):
+        self.keys: list = []
+        self.start = 0
+
+    def __iter__(self):
+        return iter(self.keys[self.start:])
+
+    def __len__(self) -> int:
+        return len(self.keys) - self.start
+
+
 def torch_dataloader(dataset, spec: LoaderSpec, **kwargs) -> DataLoader:
     """A DataLoader whose items are whole uint8 batches made in the workers."""
     workers = spec.num_workers

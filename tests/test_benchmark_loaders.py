@@ -34,4 +34,7 @@ def test_loaders_benchmark_rows(sample_sets, tmp_path):
         if name != "decode_bound":
             assert row["images_per_epoch"] == 92 // 16 * 16 and row["peak_rss_mb"] > 50 and 0 < row["cpu_util"] <= 1
     assert "max side 512" in rows["webdataset"]["dataset"] and "ffcv jpg" in rows["ffcv-bare"]["dataset"]
+    stages = rows["webdataset"]["engine_us_per_image"]          # where the engine's time went
+    assert set(stages) == {"read", "decode", "resize", "python"} and stages["decode"] > 0 and stages["resize"] > 0
+    assert "engine, CPU us per image: read" in result.stdout
     assert rows["decode_bound"]["images_per_epoch"] == 92 and rows["decode_bound"]["decoder"] in ("simplejpeg", "jpeg_roi")

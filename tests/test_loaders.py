@@ -70,7 +70,7 @@ def test_backends_give_the_same_pixels_without_augmentation(converted_sets):
     at quality 90 and resizes with OpenCV INTER_AREA (measured 1.2 mean at 224 px, 1.7 at
     48 px, worst image 4.3); DALI's antialiased linear resize is not PIL's bilinear (0.1-0.2);
     at 48 px the webdataset backend decodes at 1/2 or 1/4 DCT scale (worst image 6.7: DCT
-    scaling drops fine texture that the area filter of a full decode averages). The
+    scaling keeps fine texture that the triangle filter of a full decode averages away). The
     48 px pass also checks that every backend honours `val_crop_ratio`."""
     for side, crop_ratio in ((160, 224 / 256), (48, 0.6)):
         reference = None
@@ -118,12 +118,29 @@ def test_same_seed_same_epoch_and_exact_resume(converted_sets, backend, form):
         assert torch.equal(labels, want_labels) and torch.equal(images, want_images)
 
 
-@pytest.mark.parametrize("backend,form", [("folder", "folder"), ("webdataset", "webdataset")])
-def test_workers_stop_at_once_when_the_garbage_collector_frees_a_loader(converted_sets, backend, form):
+def test_webdataset_batches_do_not_depend_on_thread_or_worker_count(converted_sets):
+    """The epoch plan comes from the shards' indexes alone: the engine's thread count and, on the
+    RandAugment path, the number of worker processes change nothing."""
+    for spec in (dict(colout=(0.2, 0.2)), dict(randaugment=(1, 5))):
+        batches = []
+        for workers in (1, 3):
+            loader = loader_for(converted_sets, "webdataset", "webdataset", resolution=40, seed=4, num_workers=workers,
+                                **spec)
+            loader.set_epoch(1)
+            batches.append(epoch(loader))
+        assert len(batches[0]) == len(batches[1]) == 5
+        for (images, labels), (again, again_labels) in zip(*batches):
+            assert torch.equal(labels, again_labels) and torch.equal(images, again), spec
+
+
+@pytest.mark.parametrize("backend,form,spec", [("folder", "folder", dict(split="val", val_resolution=32)),
+                                               ("webdataset", "webdataset", dict(resolution=32, randaugment=(1, 5)))])
+def test_workers_stop_at_once_when_the_garbage_collector_frees_a_loader(converted_sets, backend, form, spec):
     """A loader in a reference cycle (a trainer's, a traceback's) is freed by the collector, which
     used to leave its workers without their stop message: torch then sat out its 5 s join timeout
-    for each of them (10 s here, against 0.1 s when they get the message)."""
-    loader = loader_for(converted_sets, backend, form, split="val", val_resolution=32)
+    for each of them (10 s here, against 0.1 s when they get the message). The webdataset
+    backend has workers only for RandAugment."""
+    loader = loader_for(converted_sets, backend, form, **spec)
     epoch(loader)
     workers = list(loader.dataloader._iterator._workers)
     assert len(workers) == 2 and all(worker.is_alive() for worker in workers)    # persistent

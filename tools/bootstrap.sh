@@ -114,6 +114,7 @@ fi
 check_pillow_simd
 stamp_value >"$STAMP"
 "$PY" -c 'import torch, ffcv, nvidia.dali, webdataset, PIL, matplotlib' || die "the environment does not import; rm -rf .venv and re-run"
-# Compiles pipeline/jpeg_roi.c (the webdataset backend's decoder) now rather than in the first loader.
-(cd "$ROOT" && "$PY" -c 'import pipeline.jpeg_roi') || die "cannot build pipeline/jpeg_roi.c (needs cc and libjpeg-dev)"
+# Compiles the webdataset backend's C (pipeline/decode_engine.c, jpeg_roi.c) now rather than in the first loader.
+(cd "$ROOT" && "$PY" -c 'import pipeline.jpeg_roi, pipeline.decode_engine') ||
+    die "cannot build pipeline/decode_engine.c or jpeg_roi.c (needs cc and libjpeg-dev)"
 say "ready: $("$PY" -c 'from importlib.metadata import version as v; print(", ".join(f"{n} {v(n)}" for n in ("torch", "ffcv", "nvidia-dali-cuda120", "webdataset", "matplotlib", "pillow-simd")))')"

@@ -16,7 +16,7 @@ from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
 from training.durations import Duration
 from training.typed_config import ConfigError, apply_overrides, from_mapping, load_yaml
 
-Backend = Literal["ffcv", "dali", "webdataset", "folder", "synthetic"]
+Backend = Literal["ffcv", "dali", "webdataset", "folder", "synthetic", "auto"]   # auto: the fastest here
 ModelName = Literal["resnet18", "resnet50", "small_resnet"]
 
 

@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from pipeline.base import Loader
 from pipeline.datasets import read_folder
-from pipeline.worker_decode import collate, load_or_report, torch_dataloader
+from pipeline.worker_decode import BatchKeys, collate, load_or_report, torch_dataloader
 from pipeline.sharding import batch_count, rank_samples
 from pipeline.spec import LoaderSpec
 
@@ -42,7 +42,7 @@ class FolderLoader(Loader):
     def __init__(self, spec: LoaderSpec):
         classes, samples = read_folder(spec.path, spec.split)
         self.dataset = FolderBatches(samples, spec)
-        self._remaining = _RemainingKeys()
+        self._remaining = BatchKeys()
         super().__init__(spec, len(classes))
         self.dataloader = torch_dataloader(self.dataset, spec, sampler=self._remaining)
 
@@ -63,19 +63,3 @@ class FolderLoader(Loader):
             if len(labels):
                 yield index, self._to_model_input(images), self._to_device_labels(labels)
 
-
-class _RemainingKeys:
-    """The sampler: this epoch's batch keys from the resume point on, read when iteration starts.
-
-    It holds the keys itself, not the loader, so that a dropped loader is freed at once, workers
-    and all, not left in a loader -> DataLoader -> sampler -> loader cycle for the collector."""
-
-    def __init__(self):
-        self.keys: list = []
-        self.start = 0
-
-    def __iter__(self):
-        return iter(self.keys[self.start:])
-
-    def __len__(self) -> int:
-        return len(self.keys) - self.start

@@ -1,0 +1,154 @@
+"""pipeline/decode_engine.py, the webdataset backend's native batch decoder: it crops as
+pipeline/crops.py does, gives Pillow's pixels, does not depend on its thread count (and has no
+data race), its SIMD and plain C paths agree, ColOut and flip land where the Python forms put
+them, damaged samples are reported, and a loader's memory stays flat over many epochs."""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeline import LoaderSpec, build_loader, decode_engine
+from pipeline.crops import center_crop, sample_uniforms, train_crop
+from pipeline.datasets import read_converted
+from pipeline.worker_decode import _pil_crop
+
+
+@pytest.fixture(scope="module")
+def stored(converted_sets):
+    """Every stored photo of the train split, as the engine finds them: (samples, jpeg bytes)."""
+    shards = read_converted(converted_sets["photos"]["webdataset"], "train", "webdataset").shards
+    parts, jpegs = [], []
+    for shard in shards:
+        fd = os.open(shard.tar, os.O_RDONLY)
+        members = shard.members
+        parts.append((np.arange(shard.first_sample, shard.first_sample + shard.count), np.full(shard.count, fd), members))
+        jpegs += [os.pread(fd, int(size), int(at)) for at, size, _ in members]
+    ids, fds, members = (np.concatenate(column) for column in zip(*parts))
+    yield decode_engine.StoredSamples(ids, fds, members[:, 0], members[:, 1], members[:, 2]), jpegs
+    for fd in set(fds.tolist()):
+        os.close(fd)
+
+
+def decode(samples, spec, side, threads=2, **options):
+    out = np.zeros((len(samples.sample_ids), *decode_engine.out_shape(spec, side), 3), np.uint8)
+    return out, decode_engine.decode_batch(samples, spec, 0, side, out, threads=threads, **options)
+
+
+def test_crops_are_those_of_pipeline_crops():
+    rng = np.random.default_rng(0)
+    sizes = [(int(h), int(w)) for h, w in rng.integers(1, 700, (1500, 2))]
+    for split, scale, ratio in (("train", (0.08, 1), (3 / 4, 4 / 3)), ("train", (0.9, 1), (3, 5)), ("val", (0.08, 1), (1, 1))):
+        # ratio 3..5 makes most random attempts fail: the fallback crop is checked too
+        spec = LoaderSpec("webdataset", path="unused", split=split, scale=scale, ratio=ratio, val_crop_ratio=0.8, seed=3)
+        got = decode_engine.crop_boxes(spec, 2, range(len(sizes)), sizes)
+        for sample_id, ((height, width), engine) in enumerate(zip(sizes, got)):
+            expected = (train_crop(height, width, spec.scale, spec.ratio, sample_uniforms(3, 2, sample_id))
+                        if spec.train else (center_crop(height, width, 0.8), False))
+            assert engine == expected, (split, height, width)
+
+
+@pytest.mark.parametrize("split,side", [("train", 160), ("train", 64), ("val", 224), ("val", 96)])
+def test_full_size_decode_gives_pillows_pixels(stored, split, side):
+    """At DCT scale 8/8 only, the engine's crop + resize is Pillow's full decode + bilinear resize
+    (16-bit weights against Pillow's 22-bit: within 2 of 255)."""
+    samples, jpegs = stored
+    spec = LoaderSpec("webdataset", path="unused", split=split)
+    out, decoded = decode(samples, spec, side, scales=(8,))
+    assert not decoded.failed and (decoded.scales == 8).all()
+    for i in range(0, len(jpegs), 7):
+        image, flip = _pil_crop(jpegs[i], spec, sample_uniforms(0, 0, int(samples.sample_ids[i])), side, draft=False)
+        pillow = np.asarray(image)[:, ::-1] if flip else np.asarray(image)
+        assert np.abs(out[i].astype(int) - pillow).max() <= 2, i
+
+
+@pytest.mark.parametrize("side", [96, 48])
+def test_reduced_dct_scales_stay_close_to_a_full_decode(stored, side):
+    """At the smallest scale that keeps the crop at least the target size, val crops stay within
+    the cross-backend tolerance of a full decode (tests/test_loaders.py: mean 2.5, image 8)."""
+    samples, _ = stored
+    spec = LoaderSpec("webdataset", path="unused", split="val")
+    full, _ = decode(samples, spec, side, scales=(8,))
+    reduced, decoded = decode(samples, spec, side)
+    assert (decoded.scales < 8).mean() > 0.5          # the point: most crops decode at a reduced scale
+    difference = np.abs(full.astype(float) - reduced)
+    assert difference.mean() <= 2.5 and difference.reshape(len(full), -1).mean(1).max() <= 8
+
+
+def test_same_batch_at_any_thread_count(stored):
+    """One thread against many, several times over: the same bytes (a race would show as a
+    difference in some run)."""
+    samples, _ = stored
+    spec = LoaderSpec("webdataset", path="unused", split="train", colout=(0.2, 0.1))
+    one, _ = decode(samples, spec, 96, threads=1)
+    for threads in (3, 8, 8, 16):
+        many, decoded = decode(samples, spec, 96, threads=threads)
+        assert np.array_equal(one, many), threads
+        assert decoded.stage_seconds.min() > 0
+
+
+def test_plain_c_and_simd_paths_agree(stored, tmp_path):
+    """A CPU without AVX2 or SSE4.1 runs the plain loops: the same integers, so the same bytes."""
+    samples, _ = stored
+    plain = decode_engine.load(flags=("-march=x86-64",), library=tmp_path / "_decode_engine_plain.so")
+    for split, side in (("train", 112), ("val", 81)):
+        spec = LoaderSpec("webdataset", path="unused", split=split)
+        simd, _ = decode(samples, spec, side)
+        scalar, _ = decode(samples, spec, side, library=plain)
+        assert np.array_equal(simd, scalar), split
+
+
+def test_colout_and_flip_land_where_the_python_forms_put_them(stored):
+    samples, _ = stored
+    side, shares = 48, (0.25, 0.5)
+    whole, _ = decode(samples, LoaderSpec("webdataset", path="unused", split="train"), side)
+    cut, _ = decode(samples, LoaderSpec("webdataset", path="unused", split="train", colout=shares), side)
+    assert cut.shape[1:] == (36, 24, 3)
+    for i, sample_id in enumerate(samples.sample_ids[:50]):
+        uniforms = sample_uniforms(0, 0, int(sample_id))
+        rows, cols = decode_engine.colout_keep(uniforms, side, *shares)
+        assert np.array_equal(cut[i], whole[i][rows][:, cols])     # whole[i] is already flipped where drawn
+
+
+def test_damaged_and_cmyk_samples_are_reported_not_decoded(stored, tmp_path):
+    samples, jpegs = stored
+    good = jpegs[0]
+    cmyk = io.BytesIO()
+    Image.open(io.BytesIO(good)).convert("CMYK").save(cmyk, "JPEG")
+    pieces = [good, good[:len(good) // 2], b"not a jpeg", cmyk.getvalue()]
+    path = tmp_path / "mixed.bin"
+    label = (7).to_bytes(4, "little")
+    offsets, blob = [], b""
+    for piece in pieces:
+        offsets.append(len(blob))
+        blob += piece + label
+    path.write_bytes(blob)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        at = np.array(offsets)
+        size = np.array([len(p) for p in pieces])
+        found = decode_engine.StoredSamples(np.arange(4), np.full(4, fd), at, size, at + size)
+        out, decoded = decode(found, LoaderSpec("webdataset", path="unused", split="val"), 32)
+    finally:
+        os.close(fd)
+    assert list(decoded.labels) == [7, 7, 7, 7]
+    messages = dict(decoded.failed)
+    assert sorted(messages) == [1, 2, 3] and "CMYK" in messages[3] and messages[1] and messages[2]
+    assert out[0].std() > 0
+
+
+@pytest.mark.timeout(240)
+def test_memory_stays_flat_over_twenty_epochs(converted_sets):
+    loader = build_loader(LoaderSpec("webdataset", path=str(converted_sets["photos"]["webdataset"]), split="train",
+                                     batch_size=16, resolution=64, num_workers=2))
+    assert loader.uses_engine
+    resident = []
+    for epoch in range(20):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+        resident.append(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20)
+    assert resident[-1] - resident[4] < 16, resident    # MiB: no growth after the first epochs
