@@ -62,6 +62,18 @@ def run_tool(script: str, *args, check: bool = False, timeout: float = 600) -> s
     return result
 
 
+def two_ranks(script: str, out: Path, *args, timeout: float = 600) -> list:
+    """Runs the Python source `script` as two gloo ranks under torchrun, with `args` and then
+    `out` as its arguments; returns what each rank wrote to OUT/rank<r>.json."""
+    path = out / "ranks.py"
+    path.write_text(script)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(path),
+               *map(str, args), str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
 def read_manifest(out: Path) -> dict:
     return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
 

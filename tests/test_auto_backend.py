@@ -4,13 +4,11 @@ and under torchrun every rank takes rank 0's answer."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import two_ranks
 from pipeline import LoaderSpec, build_loader
 from pipeline.auto_backend import candidates, choose_backend
 from pipeline.machine import results_path, signature
@@ -78,11 +76,5 @@ RANKS = textwrap.dedent("""
 
 
 def test_every_rank_takes_rank_zeros_answer(converted_sets, tmp_path):
-    script = tmp_path / "ranks.py"
-    script.write_text(RANKS)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               str(converted_sets["photos"]["webdataset"]), str(tmp_path / "no-results"), str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    answers = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    answers = two_ranks(RANKS, tmp_path, converted_sets["photos"]["webdataset"], tmp_path / "no-results", timeout=300)
     assert answers[0] == answers[1] and "probe" in answers[0][1]

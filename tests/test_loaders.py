@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, two_ranks
 from pipeline import LoaderSpec, build_loader
 
 # (backend, the form of the data it reads); DALI reads both raw folders and shards.
@@ -190,14 +190,8 @@ RANKS_SCRIPT = textwrap.dedent("""
 
 
 def test_ranks_read_disjoint_parts_and_val_counts_every_sample_once(converted_sets, tmp_path):
-    script = tmp_path / "ranks.py"
-    script.write_text(RANKS_SCRIPT)
     cases = {f"{backend}-{form}": (backend, str(converted_sets["photos"][form])) for backend, form in CASES}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(script), json.dumps(cases), str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = two_ranks(RANKS_SCRIPT, tmp_path, json.dumps(cases))
     for name in cases:
         train = [ranks[r][f"{name}/train"] for r in range(2)]
         assert train[0]["len"] == train[1]["len"] == 46 // 16, name     # 92 samples: 46 a rank, full batches
