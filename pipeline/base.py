@@ -125,7 +125,8 @@ class Loader:
         """(N, 3, H, W) uint8 on the host, any memory layout -> normalized, channels_last, on the
         device: on a CPU by `pipeline/normalize.py` into memory reused once the caller has
         let go of it, on a GPU after the copy (a quarter of the bytes a float batch would move).
-        Either way the result never shares memory with a backend's reused output buffers."""
+        A float batch already normalized (the decode engine's, on a CPU) passes through as it is.
+        Either way the caller's batch is never overwritten while anything still holds it."""
         if images.dtype == torch.uint8 and self.device.type == "cpu":
             count, _, height, width = images.shape
             images = normalized_batch(images.permute(0, 2, 3, 1).numpy(), self.spec.mean, self.spec.std,
