@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from pipeline import LoaderSpec, build_loader, decode_engine
@@ -152,3 +153,17 @@ def test_memory_stays_flat_over_twenty_epochs(converted_sets):
             pass
         resident.append(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20)
     assert resident[-1] - resident[4] < 16, resident    # MiB: no growth after the first epochs
+
+
+def test_batches_kept_by_the_caller_are_never_overwritten(converted_sets):
+    """The engine writes into reused buffers: a batch the caller still holds must be left alone
+    (the ring takes fresh memory instead), so holding every batch equals copying each at once."""
+    def loader():
+        made = build_loader(LoaderSpec("webdataset", path=str(converted_sets["photos"]["webdataset"]),
+                                       split="train", batch_size=8, resolution=32, num_workers=2))
+        made.set_epoch(1)
+        return made
+    copied = [images.clone() for images, _ in loader()]
+    held = [images for images, _ in loader()]
+    assert len(held) == len(copied) == 11
+    assert all(torch.equal(a, b) for a, b in zip(held, copied))
