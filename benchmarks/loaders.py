@@ -42,6 +42,8 @@ CONFIGURATIONS = {
     "ffcv-proportion": ("ffcv", "ffcv-proportion"), "ffcv-bare": ("ffcv-bare", "ffcv"),
     "dali-folder": ("dali", "raw"), "dali-wds": ("dali", "wds"), "dali-bare": ("dali-bare", "wds"),
     "synthetic": ("synthetic", None)}
+# name -> LoaderSpec options it sets beyond the benchmark's own
+SPEC_OPTIONS = {"webdataset-pillow": {"native_decode": False}}   # the webdataset backend's Pillow path
 BOUNDS = ("decode_bound", "gpu_decode_bound")
 # form -> (converter, its options, how `dataset` describes it)
 CONVERSIONS = {
@@ -94,8 +96,7 @@ def build(config: dict):
     return build_loader(LoaderSpec(kind, path=config["path"], split=config["split"],
                                    batch_size=config["batch_size"], resolution=config["resolution"],
                                    val_resolution=config["resolution"], num_workers=config["workers"],
-                                   synthetic_size=config["synthetic_size"],
-                                   native_decode=config["name"] != "webdataset-pillow"))
+                                   synthetic_size=config["synthetic_size"], **config["options"]))
 
 
 def measure(config: dict) -> dict:
@@ -199,8 +200,8 @@ def main() -> int:
                         figures = bound[(split, name)]       # resolution-independent: measured once per split
                     else:
                         kind, form = (name, "wds") if name in BOUNDS else CONFIGURATIONS[name]
-                        config = {"name": name, "kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
-                                  "resolution": resolution, "workers": workers, "batch_size": args.batch_size,
+                        config = {"kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
+                                  "options": SPEC_OPTIONS.get(name, {}), "resolution": resolution, "workers": workers, "batch_size": args.batch_size,
                                   "epochs": args.epochs, "synthetic_size": 2300 if split == "train" else 575}
                         run = subprocess.run([sys.executable, __file__, "--one", json.dumps(config)],
                                              capture_output=True, text=True, cwd=ROOT)

@@ -19,12 +19,22 @@ def kept_size(height: int, width: int, p_row: float, p_col: float) -> tuple[int,
     return max(1, math.ceil((1 - p_row) * height)), max(1, math.ceil((1 - p_col) * width))
 
 
+def sample_generator(uniforms: np.ndarray) -> np.random.Generator:
+    """ColOut's generator for one sample of a loader, seeded from the sample's crop uniforms
+    (`pipeline.crops.sample_uniforms`): the same draws whichever backend makes the sample."""
+    return np.random.default_rng(uniforms[:2].view(np.uint64))
+
+
+def kept_indices(height: int, width: int, p_row: float, p_col: float,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted rows and columns ColOut keeps of an image of that size."""
+    rows, cols = kept_size(height, width, p_row, p_col)
+    return np.sort(rng.choice(height, rows, replace=False)), np.sort(rng.choice(width, cols, replace=False))
+
+
 def colout_sample(image: np.ndarray, p_row: float, p_col: float, rng: np.random.Generator) -> np.ndarray:
     """An (H, W, C) image without a random p_row of its rows and p_col of its columns."""
-    height, width = image.shape[:2]
-    rows, cols = kept_size(height, width, p_row, p_col)
-    keep_rows = np.sort(rng.choice(height, rows, replace=False))
-    keep_cols = np.sort(rng.choice(width, cols, replace=False))
+    keep_rows, keep_cols = kept_indices(*image.shape[:2], p_row, p_col, rng)
     return image[keep_rows][:, keep_cols]
 
 

@@ -22,14 +22,13 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <setjmp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <jpeglib.h>
+#include "jpeg_errors.h"
 #ifdef __SSE4_1__
 #include <immintrin.h>
 #endif
@@ -56,13 +55,6 @@ typedef struct {
     int next;                                     /* the next sample to take (atomic) */
 } batch_job;
 
-typedef struct {
-    struct jpeg_error_mgr base;
-    jmp_buf escape;
-    char *message;
-    int message_size;
-} error_manager;
-
 typedef struct {                                  /* resampling weights along one axis */
     int *bounds, taps;
     short *coefficients;
@@ -78,24 +70,6 @@ typedef struct {                                  /* one thread's decoder and gr
     size_t bytes_size, region_size, rows_size;
     axis_weights across, down;
 } worker;
-
-static void on_error(j_common_ptr info) {
-    error_manager *errors = (error_manager *)info->err;
-    (*info->err->format_message)(info, errors->message);
-    longjmp(errors->escape, 1);
-}
-
-static void on_message(j_common_ptr info, int level) {
-    if (level < 0) on_error(info);   /* a warning: corrupt or truncated data */
-}
-
-static void refuse(error_manager *errors, const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(errors->message, errors->message_size, format, args);
-    va_end(args);
-    longjmp(errors->escape, 1);
-}
 
 static double now(void) {
     struct timespec t;
@@ -385,11 +359,7 @@ static void *work(void *argument) {
     batch_job *job = argument;
     worker self;
     memset(&self, 0, sizeof self);
-    self.info.err = jpeg_std_error(&self.errors.base);
-    self.errors.base.error_exit = on_error;
-    self.errors.base.emit_message = on_message;
-    self.errors.message = self.spare_message;
-    self.errors.message_size = sizeof self.spare_message;
+    jpeg_errors_start(&self.info, &self.errors, self.spare_message, sizeof self.spare_message);
     jpeg_create_decompress(&self.info);
     int row_values = 3 * job->out_cols;
     self.rgb = malloc(row_values);

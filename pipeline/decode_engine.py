@@ -4,8 +4,8 @@ uint8 batch by native threads, the GIL released throughout.
 
 Python's part per sample is what must match the other backends bit for bit: the uniforms of
 the sample's crop and flip (`pipeline.crops`, the same seeds) and ColOut's kept rows and
-columns (`pipeline.colout`, the same generator). Everything else runs in C. A sample libjpeg
-refuses (CMYK, damaged) comes back marked, for the caller to hand to Pillow.
+columns (`pipeline.colout.kept_indices`, the same generator). Everything else runs in C. A
+sample libjpeg refuses (CMYK, damaged) comes back marked, for the caller to hand to Pillow.
 
 DCT scales: libjpeg-turbo decodes at M/8 for M = 1..16. A crop is decoded at the smallest
 allowed M that leaves its shorter side at least `oversample` x the target, and resized from
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.colout import kept_size
+from pipeline.colout import kept_indices, kept_size, sample_generator
 from pipeline.crops import UNIFORMS_PER_SAMPLE, sample_uniforms
 from pipeline.native import load_library
 from pipeline.spec import LoaderSpec
@@ -95,13 +95,6 @@ def out_shape(spec: LoaderSpec, side: int) -> tuple[int, int]:
     return side, side
 
 
-def colout_keep(uniforms: np.ndarray, side: int, p_row: float, p_col: float) -> tuple[np.ndarray, np.ndarray]:
-    """The rows and columns ColOut keeps of one sample: `pipeline.colout.colout_sample`'s draws."""
-    rng = np.random.default_rng(uniforms[:2].view(np.uint64))
-    rows, cols = kept_size(side, side, p_row, p_col)
-    return np.sort(rng.choice(side, rows, replace=False)), np.sort(rng.choice(side, cols, replace=False))
-
-
 def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int, out: np.ndarray,
                  threads: int, scales=ALLOWED_SCALES, oversample: float = OVERSAMPLE,
                  library: ctypes.CDLL | None = None) -> DecodedBatch:
@@ -126,7 +119,7 @@ def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int
     keep_rows = keep_cols = None
     uniforms = _uniforms(spec, epoch, samples.sample_ids)
     if spec.train and spec.colout:
-        kept = [colout_keep(u, side, *spec.colout) for u in uniforms]
+        kept = [kept_indices(side, side, *spec.colout, sample_generator(u)) for u in uniforms]
         keep_rows = np.array([r for r, _ in kept], np.int32).reshape(count, rows)
         keep_cols = np.array([c for _, c in kept], np.int32).reshape(count, cols)
     job = _job(spec, side, uniforms, count=count, out_rows=rows, out_cols=cols, threads=max(1, threads),

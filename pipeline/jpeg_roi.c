@@ -4,52 +4,11 @@
  * Rows above the crop are skipped with jpeg_skip_scanlines (entropy decoding only, no IDCT,
  * upsampling or colour conversion), rows below it are never decoded (the decompressor is
  * aborted), and columns outside it are left out with jpeg_crop_scanline, which widens the
- * region to whole iMCUs. Built and loaded by pipeline/jpeg_roi.py (ctypes). Any libjpeg
- * warning (truncated or corrupt data) makes the call fail, as Pillow does for a truncated
- * file, instead of returning grey rows.
+ * region to whole iMCUs. Built and loaded by pipeline/jpeg_roi.py (ctypes); libjpeg's errors
+ * and warnings make the call fail with a message (jpeg_errors.h).
  */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
-#include <jpeglib.h>
-
-struct error_manager {
-    struct jpeg_error_mgr base;
-    jmp_buf escape;
-    char *message;
-    int message_size;
-};
-
-static void on_error(j_common_ptr info) {
-    struct error_manager *errors = (struct error_manager *)info->err;
-    (*info->err->format_message)(info, errors->message);
-    longjmp(errors->escape, 1);
-}
-
-/* A refusal of our own (bad region, CMYK...): set the message and leave through the same
- * setjmp exit as libjpeg's errors. */
-static void refuse(struct error_manager *errors, const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(errors->message, errors->message_size, format, args);
-    va_end(args);
-    longjmp(errors->escape, 1);
-}
-
-static void on_message(j_common_ptr info, int level) {
-    if (level < 0) on_error(info);   /* a warning: corrupt or truncated data */
-}
-
-static void start(struct jpeg_decompress_struct *info, struct error_manager *errors,
-                  char *message, int message_size) {
-    info->err = jpeg_std_error(&errors->base);
-    errors->base.error_exit = on_error;
-    errors->base.emit_message = on_message;
-    errors->message = message;
-    errors->message_size = message_size;
-    message[0] = 0;
-}
+#include "jpeg_errors.h"
 
 /* Called after the caller's setjmp: libjpeg's errors jump back into the caller's frame. */
 static void read_header(struct jpeg_decompress_struct *info, const unsigned char *data, unsigned long size) {
@@ -62,8 +21,8 @@ static void read_header(struct jpeg_decompress_struct *info, const unsigned char
 int jpeg_roi_size(const unsigned char *data, unsigned long size, int *width, int *height,
                   char *message, int message_size) {
     struct jpeg_decompress_struct info;
-    struct error_manager errors;
-    start(&info, &errors, message, message_size);
+    error_manager errors;
+    jpeg_errors_start(&info, &errors, message, message_size);
     if (setjmp(errors.escape)) {
         jpeg_destroy_decompress(&info);
         return -1;
@@ -85,8 +44,8 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
                     int *out_left, int *out_width, int *scaled_width, int *scaled_height,
                     char *message, int message_size) {
     struct jpeg_decompress_struct info;
-    struct error_manager errors;
-    start(&info, &errors, message, message_size);
+    error_manager errors;
+    jpeg_errors_start(&info, &errors, message, message_size);
     if (setjmp(errors.escape)) {
         jpeg_destroy_decompress(&info);
         return -1;

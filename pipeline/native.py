@@ -1,7 +1,7 @@
 """Compile a C file of this package into a shared library on first use, and load it (ctypes).
 
 The library goes next to its source, built by the system `cc` the first time it is needed
-or when the source is newer, under a temporary name then renamed: processes that import it
+or when the source or a header beside it is newer, under a temporary name then renamed: processes that import it
 at the same moment never load a half-written file. The C files need the libjpeg-turbo
 headers that tools/bootstrap.sh installs (libjpeg62-turbo-dev).
 """
@@ -18,7 +18,8 @@ def load_library(source: Path, libraries: tuple[str, ...] = ("jpeg",), flags: tu
                  library: Path | None = None) -> ctypes.CDLL:
     """`source` (pipeline/NAME.c) compiled into `library` (default pipeline/_NAME.so) if needed, loaded."""
     library = library or source.with_name(f"_{source.stem}.so")
-    if not library.exists() or library.stat().st_mtime < source.stat().st_mtime:
+    newest_input = max(path.stat().st_mtime for path in [source, *source.parent.glob("*.h")])
+    if not library.exists() or library.stat().st_mtime < newest_input:
         _build(source, library, [f"-l{name}" for name in libraries], list(flags))
     return ctypes.CDLL(str(library))
 

@@ -18,7 +18,6 @@ import torch
 
 from pipeline.normalize import used_elsewhere
 
-_DONE = object()
 
 
 class BufferRing:
@@ -71,7 +70,7 @@ def prefetched(make: Callable, keys: Iterable, ring: BufferRing, depth: int = 2)
                 if stop.is_set():
                     return
                 made.put(("batch", make(key, ring.take())))
-            made.put(("end", _DONE))
+            made.put(("end", None))
         except BaseException as error:    # noqa: B902 - handed to the consumer, raised there
             made.put(("error", error))
 

@@ -20,7 +20,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, get_worker_info
 
 from pipeline import jpeg_roi
-from pipeline.colout import colout_sample
+from pipeline.colout import colout_sample, sample_generator
 from pipeline.crops import center_crop, sample_seed, sample_uniforms, train_crop
 from pipeline.datasets import CorruptSample
 from pipeline.randaugment import randaugment_image
@@ -63,7 +63,7 @@ def load_sample(source, spec: LoaderSpec, *, name: str, sample_id: int, epoch: i
     if flip:
         pixels = pixels[:, ::-1]    # a view: assembling the batch makes the one copy
     if spec.colout and spec.train:
-        pixels = colout_sample(pixels, *spec.colout, np.random.default_rng(uniforms[:2].view(np.uint64)))
+        pixels = colout_sample(pixels, *spec.colout, sample_generator(uniforms))
     return pixels
 
 

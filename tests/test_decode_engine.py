@@ -13,6 +13,8 @@ import torch
 from PIL import Image
 
 from pipeline import LoaderSpec, build_loader, decode_engine
+from pipeline.backends.webdataset import StoredShards
+from pipeline.colout import kept_indices, sample_generator
 from pipeline.crops import center_crop, sample_uniforms, train_crop
 from pipeline.datasets import read_converted
 from pipeline.worker_decode import _pil_crop
@@ -20,18 +22,12 @@ from pipeline.worker_decode import _pil_crop
 
 @pytest.fixture(scope="module")
 def stored(converted_sets):
-    """Every stored photo of the train split, as the engine finds them: (samples, jpeg bytes)."""
-    shards = read_converted(converted_sets["photos"]["webdataset"], "train", "webdataset").shards
-    parts, jpegs = [], []
-    for shard in shards:
-        fd = os.open(shard.tar, os.O_RDONLY)
-        members = shard.members
-        parts.append((np.arange(shard.first_sample, shard.first_sample + shard.count), np.full(shard.count, fd), members))
-        jpegs += [os.pread(fd, int(size), int(at)) for at, size, _ in members]
-    ids, fds, members = (np.concatenate(column) for column in zip(*parts))
-    yield decode_engine.StoredSamples(ids, fds, members[:, 0], members[:, 1], members[:, 2]), jpegs
-    for fd in set(fds.tolist()):
-        os.close(fd)
+    """Every stored photo of the train split, as the backend hands them to the engine:
+    (samples, jpeg bytes)."""
+    shards = StoredShards(read_converted(converted_sets["photos"]["webdataset"], "train", "webdataset").shards)
+    ids = np.arange(len(shards))
+    yield shards.located(ids), [shards.read(int(i))[0] for i in ids]
+    shards.close()
 
 
 def decode(samples, spec, side, threads=2, **options):
@@ -110,7 +106,7 @@ def test_colout_and_flip_land_where_the_python_forms_put_them(stored):
     assert cut.shape[1:] == (36, 24, 3)
     for i, sample_id in enumerate(samples.sample_ids[:50]):
         uniforms = sample_uniforms(0, 0, int(sample_id))
-        rows, cols = decode_engine.colout_keep(uniforms, side, *shares)
+        rows, cols = kept_indices(side, side, *shares, sample_generator(uniforms))
         assert np.array_equal(cut[i], whole[i][rows][:, cols])     # whole[i] is already flipped where drawn
 
 

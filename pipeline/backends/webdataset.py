@@ -107,9 +107,9 @@ class StoredShards:
         return self._files[shard_index]
 
     def located(self, ids: np.ndarray) -> decode_engine.StoredSamples:
-        shards = self.shard_of[ids]
+        shards, which = np.unique(self.shard_of[ids], return_inverse=True)      # one fd lookup a shard
+        fds = np.array([self.fd(int(shard)) for shard in shards], np.int32)[which]
         members = self.members[ids]
-        fds = np.array([self.fd(int(s)) for s in shards], np.int32)
         return decode_engine.StoredSamples(ids, fds, members[:, 0], members[:, 1], members[:, 2])
 
     def name(self, sample_id: int) -> SampleName:
@@ -167,6 +167,7 @@ class WebDatasetLoader(Loader):
         self._plan: list[np.ndarray] = []
         self.engine_seconds = dict.fromkeys((*decode_engine.STAGES, "python"), 0.0)   # summed over samples
         self.engine_samples = 0
+        self._seconds_lock = threading.Lock()
         self._sampler = BatchKeys()
         self._ring: BufferRing | None = None
         super().__init__(spec, len(data.classes))
@@ -240,6 +241,4 @@ class WebDatasetLoader(Loader):
                                               time.thread_time() - fallback_started)
             self.engine_samples += len(ids)
         return images, labels, errors
-
-    _seconds_lock = threading.Lock()
 
