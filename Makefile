@@ -5,7 +5,7 @@ PY := .venv/bin/python
 DATA := data
 SETS := fashion photos
 
-.PHONY: setup demo test sample-data convert clean
+.PHONY: setup demo test gpu-check sample-data convert clean
 
 setup:
 	@bash tools/bootstrap.sh
@@ -28,6 +28,12 @@ convert: sample-data
 
 test: setup
 	@$(PY) -m pytest -q
+
+# The CUDA path in one command (tools/gpu_check.py); says so and exits 0 without CUDA. On a GPU
+# node whose Python already has the dependencies: make gpu-check PY=python3 SETUP=
+SETUP := setup
+gpu-check: $(SETUP)
+	@$(PY) tools/gpu_check.py
 
 clean:
 	rm -rf $(DATA)/ffcv $(DATA)/wds runs

@@ -3,6 +3,7 @@ bound and the loaders users write from FFCV's and DALI's examples.
 
     python benchmarks/loaders.py [--source data/sample/photos] [--backends ...] [--resolutions 160,128]
                                  [--val-resolutions 224] [--workers 2] [--epochs 3] [--instance-type p4d.24xlarge]
+                                 [--device cuda] [--hw-decoder-loads 0,0.65,1]
 
 Data: the raw ImageNet-layout `--source` and its conversions, made (once; the converters skip
 an up-to-date output) under `--cache`:
@@ -18,6 +19,11 @@ figure is the median epoch's img/s. Also recorded: the whole machine's CPU utili
 during the timed epochs (/proc/stat: run it on a quiet machine) and the peak summed PSS of
 the process and its workers. One JSON line per figure goes to this machine's file in
 benchmarks/results/ (benchmarks/hardware.py).
+
+`--device cuda`: every loader delivers its batches on the GPU (DALI decodes there with
+`mixed`; the CPU backends copy from pinned memory), and an epoch's clock stops only once the
+GPU has finished its work; `--hw-decoder-loads` then measures DALI at each share sent to
+the hardware JPEG decoder (the other backends ignore it).
 """
 from __future__ import annotations
 
@@ -96,7 +102,8 @@ def build(config: dict):
     return build_loader(LoaderSpec(kind, path=config["path"], split=config["split"],
                                    batch_size=config["batch_size"], resolution=config["resolution"],
                                    val_resolution=config["resolution"], num_workers=config["workers"],
-                                   synthetic_size=config["synthetic_size"], **config["options"]))
+                                   synthetic_size=config["synthetic_size"], device=config.get("device", "cpu"),
+                                   **config["options"]))
 
 
 def measure(config: dict) -> dict:
@@ -120,6 +127,8 @@ def measure(config: dict) -> dict:
         images = 0
         for batch in loader:
             images += len(batch[0]["labels"] if isinstance(batch, list) else batch[1])
+        if config.get("device", "cpu").startswith("cuda"):
+            torch.cuda.synchronize()
         seconds.append(time.perf_counter() - started)
         if epoch == 0 and hasattr(loader, "engine_seconds"):
             stages_after_warmup = dict(loader.engine_seconds), loader.engine_samples
@@ -164,6 +173,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs after the warm-up one")
     parser.add_argument("--instance-type", help="e.g. p4d.24xlarge, recorded with the hardware")
+    parser.add_argument("--device", default="cpu", help="where the loaders deliver batches: cpu or cuda")
+    parser.add_argument("--hw-decoder-loads", default=None,
+                        help="dali on CUDA: shares of JPEGs for the hardware decoder, comma-separated (default 0.65)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration
     args = parser.parse_args()
@@ -177,6 +189,9 @@ def main() -> int:
     if not args.source.is_dir():
         parser.error(f"--source {args.source}: no such folder (make demo writes data/sample/photos)")
     import torch
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available on this machine")
+    hw_loads = [float(load) for load in args.hw_decoder_loads.split(",")] if args.hw_decoder_loads else [None]
     if "gpu_decode_bound" in backends and not torch.cuda.is_available():
         backends.remove("gpu_decode_bound")
         print("# no CUDA: gpu_decode_bound left out")
@@ -190,24 +205,31 @@ def main() -> int:
     print(f"# {hardware['cpu_model']}, {hardware['cpu_cores']} cores, {hardware['gpu_count']} GPUs; batch "
           f"{args.batch_size}; median of {args.epochs} epochs after a warm-up")
     print(f"{'backend':<16} {'split':<5} {'res':>4} {'workers':>7} {'img/s':>7} {'x bound':>7} {'cpu':>5} {'MiB':>6}")
-    rows, bound = [], {}
+    # DALI on CUDA once per hardware-decoder share asked for; everything else once
+    on_gpu = args.device.startswith("cuda")
+    variants = [(name, load) for name in backends
+                for load in (hw_loads if on_gpu and name.startswith("dali") else [None])]
+    written, bound, path = 0, {}, None
     for split in args.splits.split(","):
         resolutions = args.resolutions if split == "train" else args.val_resolutions
         for resolution in map(int, resolutions.split(",")):
             for workers in map(int, args.workers.split(",")):
-                for name in backends:
+                for name, hw_load in variants:
+                    label = name if hw_load is None else f"{name}@hw{hw_load:g}"
+                    options = {**SPEC_OPTIONS.get(name, {}), **({} if hw_load is None else {"hw_decoder_load": hw_load})}
                     if name in BOUNDS and (split, name) in bound:
                         figures = bound[(split, name)]       # resolution-independent: measured once per split
                     else:
                         kind, form = (name, "wds") if name in BOUNDS else CONFIGURATIONS[name]
                         config = {"kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
-                                  "options": SPEC_OPTIONS.get(name, {}), "resolution": resolution, "workers": workers, "batch_size": args.batch_size,
-                                  "epochs": args.epochs, "synthetic_size": 2300 if split == "train" else 575}
+                                  "options": options, "resolution": resolution, "workers": workers,
+                                  "batch_size": args.batch_size, "epochs": args.epochs, "device": args.device,
+                                  "synthetic_size": 2300 if split == "train" else 575}
                         run = subprocess.run([sys.executable, __file__, "--one", json.dumps(config)],
                                              capture_output=True, text=True, cwd=ROOT)
                         if run.returncode != 0:
-                            print(f"{name:<16} {split:<5} {resolution:>4} {workers:>7} failed: "
-                                  f"{(run.stderr.strip().splitlines() or ['?'])[-1]}")
+                            print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} failed: "
+                                  f"{(run.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)
                             continue
                         figures = json.loads(run.stdout.strip().splitlines()[-1])
                         if name in BOUNDS:
@@ -215,18 +237,21 @@ def main() -> int:
                     reference = bound.get((split, "decode_bound"), {}).get("img_per_s")
                     share = figures["img_per_s"] / reference if reference else None
                     form = "wds" if name in BOUNDS else CONFIGURATIONS[name][1]
-                    print(f"{name:<16} {split:<5} {resolution:>4} {workers:>7} {figures['img_per_s']:>7.0f} "
+                    print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} {figures['img_per_s']:>7.0f} "
                           f"{share if share is not None else float('nan'):>7.2f} {figures.get('cpu_util') or 0:>5.0%} "
-                          f"{figures.get('peak_rss_mb') or 0:>6.0f}")
+                          f"{figures.get('peak_rss_mb') or 0:>6.0f}", flush=True)
                     if "engine_us_per_image" in figures:
                         print(" " * 18 + "engine, CPU us per image: " + ", ".join(
                             f"{stage} {us:.0f}" for stage, us in figures["engine_us_per_image"].items()))
-                    rows.append({"benchmark": "loaders", "backend": name, "split": split, "resolution": resolution,
-                                 "workers": workers if name != "decode_bound" else hardware["cpu_cores"],
-                                 "batch_size": args.batch_size, "dataset": forms[form][1] if form else "synthetic",
-                                 "share_of_decode_bound": share, **figures})
-    path = append_results(rows, hardware, args.results_dir)
-    print(f"# {len(rows)} rows appended to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+                    # Written at once, so that an interrupted long run keeps what it measured.
+                    path = append_results([{
+                        "benchmark": "loaders", "backend": name, "split": split, "resolution": resolution,
+                        "workers": workers if name != "decode_bound" else hardware["cpu_cores"],
+                        "batch_size": args.batch_size, "dataset": forms[form][1] if form else "synthetic",
+                        "device": "cuda" if name == "gpu_decode_bound" else args.device, **options,
+                        "share_of_decode_bound": share, **figures}], hardware, args.results_dir)
+                    written += 1
+    print(f"# {written} rows appended to {path.relative_to(ROOT) if path and path.is_relative_to(ROOT) else path}")
     return 0
 
 

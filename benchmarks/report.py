@@ -108,8 +108,19 @@ def best(rows, key) -> dict:
     return chosen
 
 
+def loader_name(row: dict) -> str:
+    """The backend, and where it delivered (`-> cuda`) and DALI's hardware-decoder share when
+    they were set: one table row each."""
+    name = row["backend"]
+    if str(row.get("device", "cpu")).startswith("cuda") and name not in CEILINGS:
+        name += " -> cuda"
+    if row.get("hw_decoder_load") is not None:
+        name += f" hw {row['hw_decoder_load']:g}"
+    return name
+
+
 def loader_key(row: dict) -> tuple:
-    return row["backend"], row["split"], row["resolution"], row.get("workers")
+    return loader_name(row), row["split"], row["resolution"], row.get("workers")
 
 
 def model_settings_key(row: dict) -> tuple:

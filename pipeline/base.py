@@ -137,4 +137,8 @@ class Loader:
         return images.to(self.spec.dtype).contiguous(memory_format=torch.channels_last)
 
     def _to_device_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        return labels.to(self.device, torch.int64, non_blocking=True).view(-1)
+        if self.device.type == "cuda" and labels.device.type == "cpu" and not labels.is_pinned():
+            # From pageable memory a "non-blocking" copy blocks (seen on an H100 under the profiler);
+            # the type changes on the device, after the copy, so the pinned source is what moves.
+            labels = labels.pin_memory()
+        return labels.to(self.device, non_blocking=True).to(torch.int64).view(-1)

@@ -32,6 +32,7 @@ class LoaderSpec:
     randaugment: Optional[tuple[int, int]] = None     # (depth, severity) in the loader; not in ffcv
     num_workers: int = 2                # worker processes; the webdataset engine's threads
     native_decode: bool = True          # webdataset: the native engine (False: Pillow in worker processes)
+    hw_decoder_load: float = 0.65       # dali on CUDA: the share of JPEGs sent to the hardware decoder (A100, H100)
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
     seed: int = 0
@@ -65,6 +66,8 @@ class LoaderSpec:
             if self.backend == "ffcv":
                 raise ValueError("randaugment cannot run in the ffcv backend: FFCV's pipeline is compiled numba "
                                  "code with no RandAugment operations; use the webdataset or dali backend")
+        if not 0 <= self.hw_decoder_load <= 1:
+            raise ValueError(f"hw_decoder_load must be in [0, 1], got {self.hw_decoder_load}")
         if self.on_corrupt not in ("skip", "raise"):
             raise ValueError(f"on_corrupt must be 'skip' or 'raise', got {self.on_corrupt!r}")
         self.schedule = resolution_schedule(self.resolution)

@@ -189,3 +189,20 @@ def test_report_of_one_machine_with_kinds_of_rows_missing(tmp_path):
     empty.mkdir()
     run = benchmark("report.py", "--results-dir", empty, "--out", out)
     assert run.returncode == 2 and "no *.jsonl" in run.stderr.strip().splitlines()[-1]
+
+
+def test_report_keeps_loaders_on_the_gpu_and_each_hardware_decoder_share_apart(tmp_path):
+    """The same backend delivering to the CPU, to the GPU, and (DALI) at two hardware-decoder
+    shares: four rows, none hiding another as the 'latest' of one key."""
+    results, out = tmp_path / "results", tmp_path / "out"
+    base = {"benchmark": "loaders", "backend": "dali-wds", "split": "train", "resolution": 176, "workers": 16}
+    rows = [{**base, "img_per_s": 1111.0}, {**base, "device": "cuda", "img_per_s": 2222.0},
+            {**base, "device": "cuda", "hw_decoder_load": 0.0, "img_per_s": 3333.0},
+            {**base, "device": "cuda", "hw_decoder_load": 1.0, "img_per_s": 4444.0}]
+    append_results(rows, MACHINES["gpu"], results)
+    run = benchmark("report.py", "--results-dir", results, "--out", out)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = (out / "report.md").read_text(encoding="utf-8")
+    for name, figure in (("dali-wds", "1,111"), ("dali-wds -> cuda", "2,222"), ("dali-wds -> cuda hw 0", "3,333"),
+                         ("dali-wds -> cuda hw 1", "4,444")):
+        assert f"| {name} | 16 | {figure} |" in report, name

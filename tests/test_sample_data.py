@@ -285,3 +285,14 @@ def test_failed_download_says_what_to_run(tmp_path, monkeypatch, is_root):
                             f"mate-backgrounds")
     calls = log.read_text().split()
     assert calls == (["download", "update", "download"] if is_root else ["download"])
+
+
+def test_photos_large_cuts_the_same_tiles_and_threads_change_no_byte(tmp_path, photos_dir, debian_cache):
+    """photos-large draws from the same per-class streams as photos, so its first tiles are
+    photos' tiles; made by 3 threads they are the bytes one thread wrote."""
+    summary = msd.make_photos_large(tmp_path, limit=LIMIT, seed=3, progress=False, cache_dir=debian_cache, jobs=3)
+    assert Path(summary["path"]).name == "photos-large" and summary["written"] > 0
+    large, photos = files_of(tmp_path / "photos-large"), files_of(photos_dir)
+    jpegs = [rel for rel in photos if rel.endswith(".JPEG")]
+    assert jpegs and all(large[rel] == photos[rel] for rel in jpegs)
+    assert set(large) == set(photos)

@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 from tqdm import tqdm
@@ -81,12 +83,13 @@ def claim_set_dir(set_dir: Path, content_params: dict) -> None:
     atomic_write(params_file, json.dumps(content_params, sort_keys=True).encode())
 
 
-def write_missing(set_dir: Path, plan: dict, render, desc: str, progress: bool) -> int:
+def write_missing(set_dir: Path, plan: dict, render, desc: str, progress: bool, jobs: int = 1) -> int:
     """Make set_dir hold exactly the files in plan ({'split/class/name': job}).
 
     Files already there are kept (same params give the same bytes); files not in the plan
-    (a larger --limit before, temporary files of a killed run) are removed. Returns the
-    number of files written."""
+    (a larger --limit before, temporary files of a killed run) are removed. `jobs` > 1
+    renders in that many threads (render must be thread-safe; the bytes do not depend on
+    it). Returns the number of files written."""
     planned_dirs = {rel.rsplit("/", 1)[0] for rel in plan}
     present = set()
     for split in SPLITS:
@@ -107,9 +110,15 @@ def write_missing(set_dir: Path, plan: dict, render, desc: str, progress: bool) 
     for rel_dir in planned_dirs:
         (set_dir / rel_dir).mkdir(parents=True, exist_ok=True)
     missing = [rel for rel in plan if rel not in present]
-    for rel in tqdm(missing, desc=desc, unit="img", disable=not progress or not missing,
-                    file=sys.stderr, dynamic_ncols=True):
+
+    def write(rel):
         atomic_write(set_dir / rel, render(plan[rel]))
+
+    bar = tqdm(total=len(missing), desc=desc, unit="img", disable=not progress or not missing,
+               file=sys.stderr, dynamic_ncols=True)
+    with bar, ThreadPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
+        for _ in (pool.map(write, missing) if pool else map(write, missing)):
+            bar.update()
     return len(missing)
 
 

@@ -38,7 +38,6 @@ from pipeline.spec import LoaderSpec
 
 # nvJPEG scratch sizes that avoid re-allocations on ImageNet (as in DALI's ResNet-50 example).
 DEVICE_MEMORY_PADDING, HOST_MEMORY_PADDING = 211_025_920, 140_544_512
-HW_DECODER_LOAD = 0.65
 SHUFFLE_FILL = 1024
 PREFETCH_DEPTH = 2
 
@@ -158,7 +157,7 @@ def _graph(loader: DALILoader, epoch: int):
     spec = loader.spec
     side = spec.resolution_at(epoch)
     jpegs, labels = loader._read(epoch)
-    decode_options = dict(device="mixed", hw_decoder_load=HW_DECODER_LOAD, device_memory_padding=DEVICE_MEMORY_PADDING,
+    decode_options = dict(device="mixed", hw_decoder_load=spec.hw_decoder_load, device_memory_padding=DEVICE_MEMORY_PADDING,
                           host_memory_padding=HOST_MEMORY_PADDING) if loader.cuda else dict(device="cpu")
     if spec.train:
         images = fn.decoders.image_random_crop(jpegs, output_type=types.RGB, random_area=list(spec.scale),

@@ -1,0 +1,200 @@
+"""The whole GPU path checked by one command, unattended, leaving its figures in the repo.
+
+    make gpu-check        (= python tools/gpu_check.py)
+    python tools/gpu_check.py [--stages tests,data,loaders,models,diagnose,train,report]
+                              [--results-dir benchmarks/results] [--work runs/gpu-check]
+
+Stages, each a subprocess with its own time limit (a hang fails one stage, the rest go on):
+- tests: `pytest -m cuda` (tests/test_cuda.py): DALI `mixed` against DALI's CPU graph and
+  `folder`, every backend onto the device from pinned memory, bf16 and fp16 train steps with
+  channels-last under torchrun (NCCL), checkpoints between CUDA and the CPU, NCCL all-reduce;
+- data: the photos-large decode set (46,000 train JPEGs; tools/make_sample_data.py), since
+  the 2,875-image photos sample is over in a fraction of a second on a GPU;
+- loaders: benchmarks/loaders.py on it to the GPU: the CPU and GPU decode bounds, DALI
+  `mixed` and the webdataset engine at train 224/176/160/128 and val 224, and DALI at
+  hardware-decoder shares 0 and 1 at 176;
+- models: benchmarks/models.py: ResNet-50 train and eval steps at the four resolutions in
+  bf16 and fp16 with channels-last; without it at 224 and 176; compiled at 176; ResNet-18
+  train steps;
+- diagnose: tools/diagnose.py on resnet50_mild and resnet50_hot fed by DALI from photos-large;
+- train: a short resnet50_mild run on photos-large (2 epochs, then resumed to a 3rd): the
+  loss must fall and the resumed run must continue from the checkpoint;
+- report: a summary of all of it in RESULTS_DIR/report/gpu-check-<machine>.md, also printed.
+Figures go to this machine's results file (benchmarks/hardware.py) as every benchmark's do;
+logs and run directories to --work. Without CUDA it says so in one line and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.hardware import RESULTS, signature, slug  # noqa: E402
+from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+
+PY = sys.executable
+LARGE = "data/sample/photos-large"
+LARGE_WDS = "data/bench/photos-large-wds"      # benchmarks/loaders.py converts it there
+TRAIN_RESOLUTIONS = "224,176,160,128"
+RECIPES = "algorithms/recipes"
+PYTEST_SUMMARY = re.compile(r"^(\d+ (passed|failed|skipped|errors?)(, )?)+.* in [\d.]+s")
+STAGE_NAMES = ("tests", "data", "loaders", "models", "diagnose", "train", "report")
+
+
+def stages(work: Path, results: Path) -> dict:
+    """name -> [(command, seconds allowed)]; commands run in the repository root."""
+    cores = str(os.cpu_count() or 1)
+    on_large = [f"data.path={LARGE_WDS}", "data.backend=dali", f"data.num_workers={cores}"]
+    loaders = [PY, "benchmarks/loaders.py", "--source", LARGE, "--device", "cuda", "--workers", cores,
+               "--batch-size", "256", "--epochs", "1", "--results-dir", str(results)]
+    models = [PY, "benchmarks/models.py", "--device", "cuda", "--warmup", "8", "--iters", "20",
+              "--steps", "train", "--results-dir", str(results)]
+    short_run = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "training/main.py",
+                 "--config", f"{RECIPES}/resnet50_mild.yaml", *on_large, "algorithms.scale_schedule.ratio=1.0",
+                 "log.progress=false", "log.interval=20", f"run_dir={work / 'resnet50_mild'}"]
+    return {
+        "tests": [([PY, "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-n", "2", "-rs", "-q"], 540)],
+        "data": [([PY, "tools/make_sample_data.py", "photos-large", "--out", "data/sample"], 300)],
+        "loaders": [([*loaders, "--backends", "decode_bound,gpu_decode_bound,dali-wds,webdataset",
+                      "--resolutions", TRAIN_RESOLUTIONS, "--val-resolutions", "224"], 420),
+                    ([*loaders, "--backends", "dali-wds", "--splits", "train", "--resolutions", "176",
+                      "--hw-decoder-loads", "0,1"], 120)],
+        "models": [([*models, "--models", "resnet50", "--resolutions", TRAIN_RESOLUTIONS, "--precisions", "bf16,fp16",
+                     "--channels-last", "on", "--compile", "off", "--steps", "train,eval"], 300),
+                   ([*models, "--models", "resnet50", "--resolutions", "224,176", "--precisions", "bf16",
+                     "--channels-last", "off", "--compile", "off"], 90),
+                   ([*models, "--models", "resnet50", "--resolutions", "176", "--precisions", "bf16",
+                     "--channels-last", "on", "--compile", "on", "--warmup", "15"], 240),
+                   ([*models, "--models", "resnet18", "--resolutions", TRAIN_RESOLUTIONS, "--precisions", "bf16",
+                     "--channels-last", "on", "--compile", "off"], 120)],
+        "diagnose": [([PY, "tools/diagnose.py", "--config", f"{RECIPES}/{recipe}.yaml", *on_large, "--steps", "60",
+                       "--json", str(work / f"diagnose-{recipe}.json")], 240)
+                     for recipe in ("resnet50_mild", "resnet50_hot")],
+        "train": [([*short_run, "max_duration=2ep"], 300), ([*short_run, "max_duration=3ep"], 200)],
+    }
+
+
+def run_stage(name: str, commands: list, work: Path) -> dict:
+    """Runs a stage's commands in order, its output to the terminal and to WORK/<name>.log."""
+    started, status = time.time(), "ok"
+    with open(work / f"{name}.log", "w", encoding="utf-8") as log:
+        for command, allowed in commands:
+            print(f"$ {' '.join(command)}   (limit {allowed} s)", flush=True)
+            log.write(f"$ {' '.join(command)}\n")
+            process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            deadline = time.time() + allowed
+            for line in process.stdout:          # the children print whole lines, unbuffered
+                sys.stdout.write(line)
+                log.write(line)
+                if time.time() > deadline:
+                    break
+            try:
+                code = process.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, 9)
+                code = "timeout"
+            if code != 0:
+                status = f"failed ({command[1]} exit {code})" if code != "timeout" else f"timeout ({command[1]})"
+                log.write(f"# {status}\n")
+    return {"stage": name, "status": status, "seconds": round(time.time() - started, 1)}
+
+
+def rows_of(results: Path, machine: str, since: float, benchmark: str) -> list[dict]:
+    path = results / f"{machine}.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in rows if r.get("benchmark") == benchmark and r.get("unix_time", since) >= since]
+
+
+def report(work: Path, results: Path, hardware: dict) -> str:
+    """The summary: stage outcomes, then the figures this check wrote, in markdown."""
+    record = json.loads((work / "stages.json").read_text()) if (work / "stages.json").exists() else {}
+    since = record.get("started", 0)
+    machine = slug(hardware)
+    lines = [f"# GPU check on {hardware.get('gpu_model')} x{hardware.get('gpu_count')}, "
+             f"{hardware['cpu_model']} ({hardware['cpu_cores']} cores)", "",
+             "| stage | outcome | seconds |", "|---|---|---|"]
+    lines += [f"| {s['stage']} | {s['status']} | {s['seconds']:.0f} |" for s in record.get("stages", [])]
+    test_log = work / "tests.log"
+    if test_log.exists():
+        summaries = [line for line in test_log.read_text().splitlines() if PYTEST_SUMMARY.match(line.strip("= "))]
+        lines += ["", f"Tests (`pytest -m cuda`): {summaries[-1].strip('= ') if summaries else 'no summary line'}"]
+    loaders = rows_of(results, machine, since, "loaders")
+    if loaders:
+        lines += ["", "## Loaders, img/s delivered on the GPU (photos-large)", "",
+                  "| loader | split | res | img/s | share of CPU decode bound |", "|---|---|---|---|---|"]
+        for r in loaders:
+            name = r["backend"] + (f" hw {r['hw_decoder_load']:g}" if r.get("hw_decoder_load") is not None else "")
+            share = f"{r['share_of_decode_bound']:.2f}" if r.get("share_of_decode_bound") else ""
+            lines.append(f"| {name} | {r['split']} | {r['resolution']} | {r['img_per_s']:,.0f} | {share} |")
+    models = rows_of(results, machine, since, "models")
+    if models:
+        lines += ["", "## Model-bound img/s (synthetic batches on the GPU)", "",
+                  "| model | res | step | precision | channels-last | compile | img/s |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['resolution']} | {r['step']} | {r['precision']} | "
+                  f"{'on' if r['channels_last'] else 'off'} | {'on' if r['compile'] else 'off'} | {r['img_per_s']:,.0f} |"
+                  for r in models]
+    for path in sorted(work.glob("diagnose-*.json")):
+        figures = json.loads(path.read_text())
+        lines += ["", f"Diagnose {path.stem[9:]}: " + ", ".join(
+            f"{k} {v:,.0f}" if isinstance(v, (int, float)) else f"{k} {v}"
+            for k, v in figures.items() if not isinstance(v, (dict, list)))]
+    run = work / "resnet50_mild"
+    if (run / "metrics.jsonl").exists():
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        losses = [m["train_loss"] for m in metrics if "train_loss" in m]
+        rates = [m["img_per_s"] for m in metrics if "img_per_s" in m]
+        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+        resumed = "resumed from" in (work / "train.log").read_text() if (work / "train.log").exists() else False
+        if losses:
+            lines += ["", f"Short resnet50_mild run: train loss {losses[0]:.3f} -> {losses[-1]:.3f} over "
+                          f"{len(losses)} logged intervals; img/s per interval min {min(rates):,.0f}, "
+                          f"median {sorted(rates)[len(rates) // 2]:,.0f}, max {max(rates):,.0f}; "
+                          f"resumed from a checkpoint: {'yes' if resumed else 'no'}; "
+                          f"final top-1 {summary.get('last_val_top1', float('nan')):.2f}% after "
+                          f"{summary.get('epochs', '?')} epochs"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stages", default=",".join(STAGE_NAMES), help="comma-separated, from " + ", ".join(STAGE_NAMES))
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "gpu-check", help="logs and run directories")
+    args = parser.parse_args()
+    wanted = args.stages.split(",")
+    if unknown := [s for s in wanted if s not in STAGE_NAMES]:
+        parser.error(f"unknown stage {unknown[0]!r}; choose from {', '.join(STAGE_NAMES)}")
+    import torch
+    if not torch.cuda.is_available():
+        print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing to check")
+        return 0
+    args.work.mkdir(parents=True, exist_ok=True)
+    hardware = signature()
+    record_path = args.work / "stages.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else {"started": time.time(), "stages": []}
+    plan = stages(args.work.resolve(), args.results_dir.resolve())
+    for name in wanted:
+        if name == "report":
+            continue
+        outcome = run_stage(name, plan[name], args.work)
+        record["stages"] = [s for s in record["stages"] if s["stage"] != name] + [outcome]
+        write_bytes_atomic(record_path, json.dumps(record, indent=1).encode())
+        print(f"# gpu-check stage {name}: {outcome['status']} in {outcome['seconds']:.0f} s", flush=True)
+    text = report(args.work, args.results_dir, hardware)
+    out = args.results_dir / "report" / f"gpu-check-{slug(hardware)}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(out, text.encode())
+    print(text + f"# report written to {out}")
+    return 0 if all(s["status"] == "ok" for s in record["stages"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
