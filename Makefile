@@ -5,7 +5,7 @@ PY := .venv/bin/python
 DATA := data
 SETS := fashion photos
 
-.PHONY: setup demo test gpu-check sample-data convert clean
+.PHONY: setup demo test gpu-check wheelhouse sample-data convert clean
 
 setup:
 	@bash tools/bootstrap.sh
@@ -34,6 +34,12 @@ test: setup
 SETUP := setup
 gpu-check: $(SETUP)
 	@$(PY) tools/gpu_check.py
+
+# Every package the set-up needs, for an offline install: WHEELHOUSE=DIR bash tools/bootstrap.sh
+WHEELHOUSE ?= wheelhouse
+TORCH ?= cpu
+wheelhouse:
+	@bash tools/wheelhouse.sh $(WHEELHOUSE) $(TORCH)
 
 clean:
 	rm -rf $(DATA)/ffcv $(DATA)/wds runs

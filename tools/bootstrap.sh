@@ -5,6 +5,7 @@
 # Idempotent and fast the second time: a stamp in .venv records a hash of this script and
 # of pyproject.toml; when it matches, only the Pillow-SIMD check runs.
 # Usage: bash tools/bootstrap.sh   (make demo / make test call it)
+#        WHEELHOUSE=DIR bash tools/bootstrap.sh   (offline: only from DIR, made by `make wheelhouse`)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,27 +14,15 @@ PY="$VENV/bin/python"
 STAMP="$VENV/.bootstrap-stamp"
 PYTHON="${PYTHON:-python3}"
 
-# FFCV compiles against libturbojpeg and OpenCV (found through pkg-config);
-# Pillow-SIMD compiles against libjpeg and zlib.
-DEB_BUILD_PACKAGES=(libturbojpeg0-dev libopencv-dev pkg-config libjpeg-dev zlib1g-dev)
-TORCH_SPEC="torch==2.13.0"            # the CPU build here; an unpinned torch pulls CUDA wheels
-FFCV_SPEC="ffcv==1.0.2"
-DALI_SPEC="nvidia-dali-cuda120>=2.0,<3"
-REST_SPECS=("numpy>=1.24,<2.6" "numba>=0.60,<0.70" "webdataset>=1.0,<2" "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.5" "tqdm>=4.60" "pyyaml>=6"
-            "simplejpeg>=1.7,<2")   # simplejpeg: the decode-only bound in benchmarks/loaders.py
-PILLOW_SIMD_SPEC="pillow-simd>=9"
-# matplotlib (benchmarks/report.py) declares `pillow`, so a plain install would put stock Pillow
-# over Pillow-SIMD. It goes in with --no-deps, after its other dependencies installed normally
-# (none of them needs pillow); its PIL needs are met by Pillow-SIMD's `PIL`. This list is
-# matplotlib 3.x's Requires-Dist less pillow and numpy (numpy comes with its own pin above).
-MATPLOTLIB_SPEC="matplotlib>=3.8,<4"
-MATPLOTLIB_DEPS=("contourpy>=1.0.1" "cycler>=0.10" "fonttools>=4.28.2" "kiwisolver>=1.3.1" "packaging>=20.0"
-                 "pyparsing>=3" "python-dateutil>=2.7")
+source "$ROOT/tools/setup_specs.sh"
+WHEELHOUSE="${WHEELHOUSE:-}"
+# A wheelhouse says which torch and DALI builds it holds (tools/wheelhouse.sh)
+[[ -n "$WHEELHOUSE" && -f "$WHEELHOUSE/setup.env" ]] && source "$WHEELHOUSE/setup.env"
 
 say() { printf '[bootstrap] %s\n' "$*" >&2; }
 die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
 
-stamp_value() { cat "${BASH_SOURCE[0]}" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1; }
+stamp_value() { cat "${BASH_SOURCE[0]}" "$ROOT/tools/setup_specs.sh" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1; }
 
 check_pillow_simd() {
     # Any later pip install that resolves a package needing `pillow` silently puts stock
@@ -69,7 +58,9 @@ for pkg in "${DEB_BUILD_PACKAGES[@]}"; do
 done
 if ((${#missing[@]})); then
     cmd="apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
-    if [[ $(id -u) -eq 0 ]]; then
+    if [[ -n "$WHEELHOUSE" ]]; then
+        die "missing Debian packages, which a wheelhouse cannot hold: ${missing[*]}; install them from your distribution's mirror or media ($cmd), then re-run"
+    elif [[ $(id -u) -eq 0 ]]; then
         say "installing Debian packages: ${missing[*]}"
         DEBIAN_FRONTEND=noninteractive bash -c "$cmd" >/dev/null
     else
@@ -82,11 +73,18 @@ if [[ ! -x "$PY" ]]; then
     say "creating $VENV"
     "$PYTHON" -m venv "$VENV"
 fi
+# Offline: every pip call below reads the wheelhouse alone (pip takes its options from the environment).
+if [[ -n "$WHEELHOUSE" ]]; then
+    [[ -d "$WHEELHOUSE" ]] || die "WHEELHOUSE=$WHEELHOUSE: no such folder (make it with: make wheelhouse WHEELHOUSE=DIR)"
+    export PIP_NO_INDEX=1 PIP_FIND_LINKS="$(cd "$WHEELHOUSE" && pwd)"
+    say "offline: installing from $PIP_FIND_LINKS only"
+fi
 # This machine's pip config names local index folders that may not exist; pip warns about
 # each one per package. Those lines are noise: keep every other message.
 pip_install() {
     "$PY" -m pip install --disable-pip-version-check -q "$@" \
-        2> >(grep -v "^WARNING: Location 'file://.*' is ignored" >&2)
+        2> >(grep -v "^WARNING: Location 'file://.*' is ignored" >&2) ||
+        { [[ -z "$WHEELHOUSE" ]] || die "pip install $* failed offline: is it in $WHEELHOUSE? (make wheelhouse)"; exit 1; }
 }
 
 say "installing $TORCH_SPEC and numpy"
@@ -117,4 +115,4 @@ stamp_value >"$STAMP"
 # Compiles the webdataset backend's C (pipeline/decode_engine.c, jpeg_roi.c) now rather than in the first loader.
 (cd "$ROOT" && "$PY" -c 'import pipeline.jpeg_roi, pipeline.decode_engine') ||
     die "cannot build pipeline/decode_engine.c or jpeg_roi.c (needs cc and libjpeg-dev)"
-say "ready: $("$PY" -c 'from importlib.metadata import version as v; print(", ".join(f"{n} {v(n)}" for n in ("torch", "ffcv", "nvidia-dali-cuda120", "webdataset", "matplotlib", "pillow-simd")))')"
+say "ready: $("$PY" -c 'import sys; from importlib.metadata import version as v; print(", ".join(f"{n} {v(n)}" for n in ("torch", "ffcv", sys.argv[1], "webdataset", "matplotlib", "pillow-simd")))' "${DALI_SPEC%%[<>=]*}")"
