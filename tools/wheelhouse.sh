@@ -36,6 +36,24 @@ download --no-deps "$MATPLOTLIB_SPEC"
 say "FFCV and Pillow-SIMD as sources, and FFCV's dependencies"
 download --no-deps --no-binary :all: "$FFCV_SPEC" "$PILLOW_SIMD_SPEC"
 pinned "${FFCV_DEPS[@]}"
+# Building those sources offline needs their build requirements too (pip's isolated build
+# environment reads the wheelhouse alone): read them from each source's pyproject.toml.
+mapfile -t BUILD_REQUIRES < <("$PYTHON" - "$DIR" <<'PY'
+import sys, tarfile
+try:
+    import tomllib
+except ImportError:                     # Python 3.10: pip carries a copy
+    from pip._vendor import tomli as tomllib
+from pathlib import Path
+for sdist in Path(sys.argv[1]).glob("*.tar.gz"):
+    with tarfile.open(sdist) as tar:
+        member = next((m for m in tar.getmembers() if m.name.count("/") == 1 and m.name.endswith("/pyproject.toml")), None)
+        if member:
+            for requirement in tomllib.load(tar.extractfile(member)).get("build-system", {}).get("requires", []):
+                print(requirement)
+PY
+)
+((${#BUILD_REQUIRES[@]} == 0)) || pinned "${BUILD_REQUIRES[@]}"
 # What tools/bootstrap.sh installs from here, where it differs from its defaults.
 printf 'TORCH_SPEC=%q\nDALI_SPEC=%q\n' "$TORCH_SPEC" "$DALI" >"$DIR/setup.env"
 say "done: $(find "$DIR" -maxdepth 1 -type f | wc -l) files, $(du -sh "$DIR" | cut -f1) in $DIR"
