@@ -107,7 +107,9 @@ if ! check_pillow_simd 2>/dev/null; then
     grep -qw avx2 /proc/cpuinfo && cflags="-mavx2"
     say "building Pillow-SIMD (CC='cc $cflags', about 70 s)"
     "$PY" -m pip uninstall -y -q pillow pillow-simd >/dev/null 2>&1 || true
-    CC="cc $cflags" pip_install --no-cache-dir --no-binary=:all: "$PILLOW_SIMD_SPEC"
+    # Only Pillow-SIMD from source: with :all:, pip would also build its build requirements
+    # (pybind11, setuptools) from source, and offline the wheelhouse holds their wheels.
+    CC="cc $cflags" pip_install --no-cache-dir --no-binary=pillow-simd "$PILLOW_SIMD_SPEC"
 fi
 check_pillow_simd
 stamp_value >"$STAMP"
