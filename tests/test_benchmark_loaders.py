@@ -40,12 +40,9 @@ def test_loaders_benchmark_rows(sample_sets, tmp_path):
     assert rows["decode_bound"]["images_per_epoch"] == 92 and rows["decode_bound"]["decoder"] in ("simplejpeg", "jpeg_roi")
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA answers")
-def test_gpu_options_without_cuda_are_one_line_answers(tmp_path):
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA answer")
+def test_device_cuda_without_cuda_is_a_one_line_answer(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loaders.py"), "--device", "cuda",
                              "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2 and "CUDA is not available" in result.stderr.strip().splitlines()[-1]
-    check = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py")], capture_output=True, text=True,
-                           timeout=120, cwd=ROOT)
-    assert check.returncode == 0 and check.stdout.strip().startswith("gpu-check: no CUDA device here"), check.stdout
-    assert len(check.stdout.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+    assert not list(tmp_path.iterdir())

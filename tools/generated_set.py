@@ -12,7 +12,6 @@ import os
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from pathlib import Path
 
 from tqdm import tqdm
@@ -116,9 +115,14 @@ def write_missing(set_dir: Path, plan: dict, render, desc: str, progress: bool, 
 
     bar = tqdm(total=len(missing), desc=desc, unit="img", disable=not progress or not missing,
                file=sys.stderr, dynamic_ncols=True)
-    with bar, ThreadPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
+    pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
+    try:
         for _ in (pool.map(write, missing) if pool else map(write, missing)):
             bar.update()
+    finally:
+        bar.close()
+        if pool:   # after an error or Ctrl-C, stop at once rather than render the rest of the plan
+            pool.shutdown(cancel_futures=True)
     return len(missing)
 
 

@@ -26,11 +26,14 @@ logs and run directories to --work. Without CUDA it says so in one line and exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -90,19 +93,23 @@ def run_stage(name: str, commands: list, work: Path) -> dict:
             log.write(f"$ {' '.join(command)}\n")
             process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            deadline = time.time() + allowed
-            for line in process.stdout:          # the children print whole lines, unbuffered
+            # A watchdog, not a check between lines: a child that hangs silently prints none.
+            killed = threading.Event()
+
+            def kill(group=process.pid):
+                killed.set()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
+            watchdog = threading.Timer(allowed, kill)
+            watchdog.start()
+            for line in process.stdout:
                 sys.stdout.write(line)
                 log.write(line)
-                if time.time() > deadline:
-                    break
-            try:
-                code = process.wait(timeout=max(1.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, 9)
-                code = "timeout"
+            code = process.wait()
+            watchdog.cancel()
             if code != 0:
-                status = f"failed ({command[1]} exit {code})" if code != "timeout" else f"timeout ({command[1]})"
+                what = command[2] if command[1] == "-m" else Path(command[1]).name
+                status = f"timeout ({what} after {allowed} s)" if killed.is_set() else f"failed ({what} exit {code})"
                 log.write(f"# {status}\n")
     return {"stage": name, "status": status, "seconds": round(time.time() - started, 1)}
 

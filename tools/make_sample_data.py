@@ -13,7 +13,7 @@ Two sets, both from Debian packages (no internet data set can be fetched here):
   come from the bottom-right quarter of each photo, train tiles from the rest, so no val
   pixel is ever seen in training. OUT/photos/tiles.csv records every tile's source box.
 - photos-large (on request only, not in `make demo`): the same photographs cut into 2,000
-  train and 100 val tiles each (46,000 train, 2,300 val, about 1.4 GB): enough images that a
+  train and 400 val tiles each (46,000 train, 9,200 val; about 1.4 GB): enough images that a
   GPU loader's epoch lasts seconds (issue 17). Made by all cores (`--jobs`).
 
 Deterministic (the same arguments give byte-identical files) and idempotent: a finished set
@@ -80,7 +80,7 @@ PHOTO_SOURCES = (  # (class folder, package, path in the package)
         "FallenLeaf", "Grey", "Kite", "OneStandsOut", "Path", "summer_1am")),
 )
 PHOTO_TILES_PER_CLASS = {"train": 100, "val": 25}  # 23 photos: 2,300 train, 575 val
-LARGE_TILES_PER_CLASS = {"train": 2000, "val": 100}  # photos-large: 46,000 train, 2,300 val
+LARGE_TILES_PER_CLASS = {"train": 2000, "val": 400}  # photos-large: 46,000 train, 9,200 val
 MIN_SIDE, MAX_SIDE = 250, 500
 MAX_SCALE = 3.0          # a tile shows a region up to 3x its size, downscaled
 QUALITY_RANGE = (85, 95)  # inclusive

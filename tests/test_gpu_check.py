@@ -1,0 +1,62 @@
+"""tools/gpu_check.py where there is no GPU: its one-line answer, a stage's time limit and
+outcome, and the summary it writes from a check's logs and results (the GPU stages
+themselves run in tests/test_cuda.py and on a GPU machine)."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, TOOLS
+
+sys.path.insert(0, str(ROOT))
+import gpu_check  # noqa: E402  (tools/ is on sys.path through conftest)
+from benchmarks.hardware import append_results  # noqa: E402
+
+H100 = {"cpu_model": "Test Xeon", "cpu_cores": 16, "ram_gb": 128, "gpu_model": "NVIDIA H100", "gpu_count": 1,
+        "driver": "580", "instance_type": ""}
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA answer")
+def test_without_cuda_it_says_so_in_one_line_and_exits_0():
+    result = subprocess.run([sys.executable, str(TOOLS / "gpu_check.py")], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert result.returncode == 0 and result.stdout.strip().startswith("gpu-check: no CUDA device here"), result
+    assert len(result.stdout.strip().splitlines()) == 1
+    bad = subprocess.run([sys.executable, str(TOOLS / "gpu_check.py"), "--stages", "tests,gpus"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown stage 'gpus'" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_a_stage_past_its_limit_is_killed_and_each_outcome_named(tmp_path):
+    started = time.monotonic()
+    silent_hang = gpu_check.run_stage("hang", [([sys.executable, "-c", "import time; time.sleep(60)"], 2)], tmp_path)
+    assert silent_hang["status"] == "timeout (-c after 2 s)" and time.monotonic() - started < 20
+    failing = gpu_check.run_stage("fail", [([sys.executable, str(TOOLS / "gpu_check.py"), "--stages", "x"], 60)],
+                                  tmp_path)
+    assert failing["status"] == "failed (gpu_check.py exit 2)"
+    assert "unknown stage" in (tmp_path / "fail.log").read_text()
+    assert gpu_check.run_stage("fine", [([sys.executable, "-c", "print(1)"], 60)], tmp_path)["status"] == "ok"
+
+
+def test_report_summarises_the_tests_and_only_this_checks_figures(tmp_path):
+    work, results = tmp_path / "work", tmp_path / "results"
+    work.mkdir()
+    old = {"benchmark": "models", "model": "resnet50", "resolution": 176, "step": "train", "precision": "bf16",
+           "channels_last": True, "compile": False, "img_per_s": 1111.0}
+    append_results([old], H100, results)
+    time.sleep(1.1)                                  # rows carry whole seconds
+    started = time.time()
+    (work / "stages.json").write_text(json.dumps({"started": started, "stages": [
+        {"stage": "tests", "status": "failed (pytest exit 1)", "seconds": 100.0}]}))
+    (work / "tests.log").write_text("FAILED tests/test_cuda.py::x\n# failed (pytest exit 1)\n"
+                                    "==== 1 failed, 9 passed, 2 skipped in 114.57s (0:01:54) ====\n")
+    append_results([{**old, "img_per_s": 5856.0}, {
+        "benchmark": "loaders", "backend": "dali-wds", "split": "train", "resolution": 176, "img_per_s": 16583.0,
+        "hw_decoder_load": 0.0, "share_of_decode_bound": 1.0}], H100, results)
+    text = gpu_check.report(work, results, H100)
+    assert "| tests | failed (pytest exit 1) | 100 |" in text
+    assert "Tests (`pytest -m cuda`): 1 failed, 9 passed, 2 skipped in 114.57s (0:01:54)" in text
+    assert "| resnet50 | 176 | train | bf16 | on | off | 5,856 |" in text and "1,111" not in text
+    assert "| dali-wds hw 0 | train | 176 | 16,583 | 1.00 |" in text
