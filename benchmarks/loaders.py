@@ -186,11 +186,11 @@ def main() -> int:
     unknown = [name for name in backends if name not in CONFIGURATIONS and name not in BOUNDS]
     if unknown:
         parser.error(f"unknown backend {unknown[0]!r}; choose from {', '.join([*BOUNDS, *CONFIGURATIONS])}")
-    if not args.source.is_dir():
-        parser.error(f"--source {args.source}: no such folder (make demo writes data/sample/photos)")
     import torch
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available on this machine")
+    if not args.source.is_dir():
+        parser.error(f"--source {args.source}: no such folder (make demo writes data/sample/photos)")
     hw_loads = [float(load) for load in args.hw_decoder_loads.split(",")] if args.hw_decoder_loads else [None]
     if "gpu_decode_bound" in backends and not torch.cuda.is_available():
         backends.remove("gpu_decode_bound")

@@ -43,6 +43,7 @@ def test_loaders_benchmark_rows(sample_sets, tmp_path):
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA answer")
 def test_device_cuda_without_cuda_is_a_one_line_answer(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loaders.py"), "--device", "cuda",
-                             "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+                             "--source", str(tmp_path / "not-made-yet"), "--results-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2 and "CUDA is not available" in result.stderr.strip().splitlines()[-1]
     assert not list(tmp_path.iterdir())
