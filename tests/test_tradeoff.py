@@ -177,3 +177,11 @@ def test_a_recipe_keeps_its_whole_name_dots_included():
     assert tradeoff.recipe_name("runs/tune/baseline_lr0.8.yaml") == "baseline_lr0.8"
     assert tradeoff.recipe_name("baseline_lr0.8") == "baseline_lr0.8"
     assert tradeoff.recipe_name("fashion_mild") == "fashion_mild"
+
+
+def test_the_default_baseline_is_a_baseline_recipe_of_this_run_or_of_the_points_already_there(tmp_path):
+    assert tradeoff.default_baseline(["fashion_mild", "fashion_baseline"], tmp_path) == "fashion_baseline"
+    assert tradeoff.default_baseline(["fashion_hot"], tmp_path) == "fashion_hot"      # nothing else to go by
+    (tmp_path / "points.jsonl").write_text("".join(json.dumps(point(recipe, "4ep", 300.0, 91.0)) + "\n"
+                                                   for recipe in ("fashion_mild", "fashion_baseline")))
+    assert tradeoff.default_baseline(["fashion_hot"], tmp_path) == "fashion_baseline"  # resumed for one recipe

@@ -221,6 +221,16 @@ def seconds_left(remaining: list[Point], rows: list[dict]) -> float | None:
     return total
 
 
+def default_baseline(names: list[str], out: Path) -> str:
+    """The recipe compared against when --baseline is not given: one named '*baseline*', among
+    this run's recipes first, then those OUT already holds points of (a sweep resumed for one
+    recipe, `--recipes fashion_hot`, keeps comparing with the baseline it ran before); else the
+    first recipe of this run."""
+    points = out / "points.jsonl"
+    earlier = [json.loads(line)["recipe"] for line in points.read_text().splitlines()] if points.exists() else []
+    return next((n for n in [*names, *earlier] if "baseline" in n), names[0])
+
+
 def write_outputs(out: Path, baseline: str, ablation: dict | None) -> list[dict]:
     rows = [json.loads(path.read_text()) for path in sorted((out / "points").glob("*.json"))]
     write_bytes_atomic(out / "points.jsonl", "".join(json.dumps(row) + "\n" for row in rows).encode(), durable=False)
@@ -299,9 +309,9 @@ def main(argv=None) -> int:
             names = [n for n in args.recipes.split(",") if n]
             check_recipes(names, args.overrides)
             recipes = [(recipe_name(n), recipe_path(n)) for n in names]
-            baseline = args.baseline or next((n for n, _ in recipes if "baseline" in n), recipes[0][0])
             out = Path(args.out or f"runs/tradeoff/{'-'.join(n for n, _ in recipes)}")
             claim_out(out, conditions)
+            baseline = args.baseline or default_baseline([n for n, _ in recipes], out)
             ablation = None
         return sweep(plan(recipes, durations, seeds or [0]), out, args.nproc, args.overrides, recipe_name(baseline),
                      hardware, ablation)
