@@ -43,7 +43,7 @@ def append_results(rows: list[dict], hardware: dict, directory: Path = RESULTS) 
     """Appends rows (each with its `benchmark` name) to this machine's results file, each
     completed with hardware, versions, commit and date; returns the file."""
     context = {"hardware": hardware, "versions": library_versions(), "commit": git_commit(),
-               "date": time.strftime("%Y-%m-%d"), "unix_time": round(time.time())}
+               "date": time.strftime("%Y-%m-%d"), "unix_time": round(time.time(), 3)}
     path = results_path(hardware, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as results:
