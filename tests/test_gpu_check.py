@@ -55,8 +55,14 @@ def test_report_summarises_the_tests_and_only_this_checks_figures(tmp_path):
     append_results([{**old, "img_per_s": 5856.0}, {
         "benchmark": "loaders", "backend": "dali-wds", "split": "train", "resolution": 176, "img_per_s": 16583.0,
         "hw_decoder_load": 0.0, "share_of_decode_bound": 1.0}], H100, results)
+    (work / "diagnose-resnet50_hot.json").write_text(json.dumps({
+        "backend": "dali", "num_workers": 16, "verdict": "DATA-BOUND", "loader_img_per_s": 8272.0,
+        "model_img_per_s": 6200.0, "together_img_per_s": 3782.0, "wait_share": 0.13, "verdict_text": "Waits.",
+        "suggestions": ["x"]}))
     text = gpu_check.report(work, results, H100)
     assert "| tests | failed (pytest exit 1) | 100 |" in text
     assert "Tests (`pytest -m cuda`): 1 failed, 9 passed, 2 skipped in 114.57s (0:01:54)" in text
     assert "| resnet50 | 176 | train | bf16 | on | off | 5,856 |" in text and "1,111" not in text
     assert "| dali-wds hw 0 | train | 176 | 16,583 | 1.00 |" in text
+    assert ("Diagnose resnet50_hot (dali, 16 workers): **DATA-BOUND**: loader alone 8,272 img/s, model alone 6,200, "
+            "together 3,782, waiting for data 13% of the time. Waits.") in text

@@ -150,9 +150,10 @@ def report(work: Path, results: Path, hardware: dict) -> str:
                   for r in models]
     for path in sorted(work.glob("diagnose-*.json")):
         figures = json.loads(path.read_text())
-        lines += ["", f"Diagnose {path.stem[9:]}: " + ", ".join(
-            f"{k} {v:,.0f}" if isinstance(v, (int, float)) else f"{k} {v}"
-            for k, v in figures.items() if not isinstance(v, (dict, list)))]
+        lines += ["", f"Diagnose {path.stem[9:]} ({figures['backend']}, {figures['num_workers']} workers): "
+                      f"**{figures['verdict']}**: loader alone {figures['loader_img_per_s']:,.0f} img/s, model alone "
+                      f"{figures['model_img_per_s']:,.0f}, together {figures['together_img_per_s']:,.0f}, waiting for "
+                      f"data {figures['wait_share']:.0%} of the time. {figures['verdict_text']}"]
     run = work / "resnet50_mild"
     if (run / "metrics.jsonl").exists():
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

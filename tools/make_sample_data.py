@@ -287,8 +287,8 @@ def make_photos(out_dir, limit: int | None = None, seed: int = 0, progress: bool
 def make_photos_large(out_dir, limit: int | None = None, seed: int = 0, progress: bool = True,
                       cache_dir=None, jobs: int = 1) -> dict:
     """The photos set's photographs cut into 20x more tiles, for timing GPU loaders."""
-    return make_photos(out_dir, limit, seed, progress, cache_dir or Path(out_dir) / ".debian",
-                       set_name="photos-large", tiles_per_class=LARGE_TILES_PER_CLASS, jobs=jobs)
+    return make_photos(out_dir, limit, seed, progress, cache_dir, set_name="photos-large",
+                       tiles_per_class=LARGE_TILES_PER_CLASS, jobs=jobs)
 
 
 SETS = {"fashion": make_fashion, "photos": make_photos, "photos-large": make_photos_large}

@@ -65,6 +65,10 @@ def stream_pieces(counts: list[int], lo: int, hi: int, epoch: int, seed: int,
     return pieces
 
 
+def unreadable(tar, error: OSError) -> DatasetError:
+    return DatasetError(f"{tar}: unreadable shard ({error.strerror or error}); run tools/convert_wds.py again")
+
+
 class StoredShards:
     """The split's shards as one array of samples: per stored sample id its shard, and the
     offsets of its image and label; open files are kept per process (a forked worker opens
@@ -103,7 +107,7 @@ class StoredShards:
             try:
                 self._files[shard_index] = os.open(tar, os.O_RDONLY)
             except OSError as error:
-                raise DatasetError(f"{tar}: unreadable shard ({error.strerror}); run tools/convert_wds.py again") from None
+                raise unreadable(tar, error) from None
         return self._files[shard_index]
 
     def located(self, ids: np.ndarray) -> decode_engine.StoredSamples:
@@ -124,8 +128,7 @@ class StoredShards:
         try:
             chunk = os.pread(self.fd(shard_index), max(image_at + image_size, label_at + 4) - first, first)
         except OSError as error:
-            raise DatasetError(f"{self.shards[shard_index].tar}: unreadable shard ({error}); "
-                               f"run tools/convert_wds.py again") from None
+            raise unreadable(self.shards[shard_index].tar, error) from None
         label = int.from_bytes(chunk[label_at - first:label_at - first + 4], "little", signed=True)
         return chunk[image_at - first:image_at - first + image_size], label
 
