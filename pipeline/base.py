@@ -25,6 +25,24 @@ from pipeline.spec import LoaderSpec
 log = logging.getLogger("pipeline")
 
 
+class LoaderWorkerDied(RuntimeError):
+    """A loader's worker process died mid-epoch (torch's DataLoader noticed): its message is one
+    line naming the backend and the likely cause."""
+
+    def __init__(self, backend: str, detail: str, split: str | None = None):
+        # A SIGKILL from nowhere is, far most often, the kernel's out-of-memory killer.
+        where = f"{backend} loader" + (f", {split} split" if split else "")
+        super().__init__(f"{where}: a worker process died ({detail.strip().rstrip('.')}); most likely the "
+                         f"out-of-memory killer (dmesg says): lower data.num_workers or data.batch_size, or give "
+                         f"the job more memory")
+
+    @staticmethod
+    def says_so(error: BaseException) -> bool:
+        """torch's DataLoader, on a dead worker: its SIGCHLD handler's RuntimeError (raised in the
+        main thread wherever it is) or, while a batch was being handed over, a reset connection."""
+        return str(error).startswith("DataLoader worker") or isinstance(error, ConnectionResetError)
+
+
 class Loader:
     def __init__(self, spec: LoaderSpec, num_classes: int):
         self.spec = spec
@@ -86,9 +104,14 @@ class Loader:
         self._started = True
         start, self._resume_from = self._resume_from, 0
         self.position, self.corrupt_in_epoch = start, 0
-        for index, images, labels in self._batches(self.epoch, start):
-            self.position = index + 1
-            yield images, labels
+        try:
+            for index, images, labels in self._batches(self.epoch, start):
+                self.position = index + 1
+                yield images, labels
+        except (RuntimeError, ConnectionResetError) as error:
+            if not LoaderWorkerDied.says_so(error):
+                raise
+            raise LoaderWorkerDied(self.spec.backend, str(error), self.spec.split) from None
         if self.corrupt_in_epoch:
             log.warning("%s loader, %s split, epoch %d: skipped %d undecodable samples (%d so far)",
                         self.spec.backend, self.spec.split, self.epoch, self.corrupt_in_epoch, self.corrupt_total)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import signal
 import weakref
 
 import numpy as np
@@ -27,6 +28,9 @@ from pipeline.randaugment import randaugment_image
 from pipeline.spec import LoaderSpec
 
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+# What schedulers send before they kill: SIGTERM (Slurm, Kubernetes, torchrun's shutdown) and
+# SIGUSR1 (Slurm's early warning). The trainer stops on them (training/stop_requests.py).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 RANDAUGMENT_STREAM = 2    # a random stream of its own per sample, apart from the crop's uniforms
 
 
@@ -183,11 +187,21 @@ class BatchKeys:
         return len(self.keys) - self.start
 
 
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """In DataLoader workers: torchrun and Slurm signal a rank's whole process group, and a
+    worker killed by it would fail the batches its rank still takes before its checkpoint.
+    The rank stops its workers itself; a worker whose rank is gone exits on its own (torch's
+    workers watch their parent)."""
+    for number in STOP_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+
+
 def torch_dataloader(dataset, spec: LoaderSpec, **kwargs) -> DataLoader:
     """A DataLoader whose items are whole uint8 batches made in the workers."""
     workers = spec.num_workers
     dataloader = _WorkersStopWhenFreed(dataset, batch_size=None, num_workers=workers,
                                        pin_memory=spec.device.startswith("cuda"), persistent_workers=workers > 0,
-                                       prefetch_factor=4 if workers else None, **kwargs)
+                                       prefetch_factor=4 if workers else None, worker_init_fn=ignore_stop_signals,
+                                       **kwargs)
     _LIVE_DATALOADERS.add(dataloader)
     return dataloader

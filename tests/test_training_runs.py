@@ -3,45 +3,16 @@ and exact resume after SIGKILL of a real 2-process torchrun (gloo, CPU)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-MAIN = ROOT / "training" / "main.py"
-RECIPE = ROOT / "algorithms" / "recipes" / "fashion_baseline.yaml"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-
-
-def tiny_run(path, backend: str, run_dir: Path, *extra) -> list[str]:
-    """Overrides for a few-second run of the fashion recipe on the test's small sample."""
-    return [f"data.backend={backend}", f"data.path={path}", "data.batch_size=8", "data.num_workers=1",
-            "model.width=4", "model.blocks_per_stage=1", "log.progress=false", "log.tensorboard=false",
-            f"run_dir={run_dir}", *extra]
-
-
-def main_py(*args, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(MAIN), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+from runs import MAIN, RECIPE, ROOT, TORCHRUN, final_weights, free_port, kill_tree, main_py, read_jsonl, tiny_run, \
+    torchrun_2
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -94,41 +65,6 @@ def test_multi_node_rendezvous_and_run_directory(converted_sets, tmp_path):
     assert evals[-1]["val_top1"] == summary["last_val_top1"]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
         [f"ep1-ba{2 * steps_per_epoch - 1}.pt", f"ep2-ba{2 * steps_per_epoch}.pt"]   # keep=2
-
-
-def torchrun_2(run_dir: Path, overrides: list[str]) -> list[str]:
-    return [*TORCHRUN, "--standalone", "--nproc_per_node=2", str(MAIN), "--config", str(RECIPE), *overrides]
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants at once (torchrun starts its workers in
-    sessions of their own, so killing its process group would leave them running)."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    tree, grew = {pid}, True
-    while grew:
-        children = {child for child, parent in parents.items() if parent in tree} - tree
-        tree, grew = tree | children, bool(children)
-    for member in tree:
-        try:
-            os.kill(member, signal.SIGSTOP)        # freeze all first, so none acts on another's death
-        except ProcessLookupError:
-            pass
-    for member in tree:
-        try:
-            os.kill(member, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def final_weights(run_dir: Path) -> dict:
-    newest = sorted((run_dir / "checkpoints").iterdir(), key=lambda p: int(p.stem.split("-ba")[1]))[-1]
-    return torch.load(newest, weights_only=True)
 
 
 def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(converted_sets, tmp_path):

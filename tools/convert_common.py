@@ -40,6 +40,11 @@ class ConversionError(Exception):
     """A problem with the whole run (not one file): reported as one line, exit code 2."""
 
 
+class ConversionFault(Exception):
+    """A fault met on the way (a full disk, an I/O error): one line, exit code 1; the split being
+    written leaves nothing behind, and what earlier runs wrote is untouched."""
+
+
 class UnusableFile(Exception):
     """One file cannot be a sample; the message is the reason recorded for it."""
 
@@ -257,6 +262,7 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
     params = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items())
               if k not in ("src", "out", "force")}
     output_params = {k: v for k, v in params.items() if k not in NON_OUTPUT_PARAMS}
+    check_writable(out)
     manifest_path = out / MANIFEST
     previous = read_manifest(manifest_path)
     kept: dict[str, dict] = {}
@@ -265,7 +271,6 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
         kept = {split: record for split, record in previous["splits"].items()
                 if all((out / f).exists() for f in record["files"])}
 
-    out.mkdir(parents=True, exist_ok=True)
     started, converted = time.perf_counter(), 0
     for split, (samples, name_skips) in scans.items():
         fingerprint = source_fingerprint(samples)
@@ -277,7 +282,11 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
         missing_classes = empty_classes(samples, classes)
         if missing_classes:
             print(f"warning: {src / split}: no images for classes {missing_classes}", file=sys.stderr)
-        result = convert_split(args, split, samples, out)
+        try:
+            result = convert_split(args, split, samples, out)
+        except OSError as error:
+            raise ConversionFault(f"{out}: {describe_os_error(error)} while writing the {split} split; its partial "
+                                  f"output was removed and outputs of earlier runs are intact") from None
         report_skips(result.skipped)
         converted += len(samples)
         kept[split] = {"count": result.count, "files": result.files, "source_fingerprint": fingerprint,
@@ -287,24 +296,46 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
 
     splits = {split: kept[split] for split in sorted(kept)}
     skipped = [{**skip, "split": split} for split, record in splits.items() for skip in record["skipped"]]
-    write_json_atomic(manifest_path, {
-        "format": format_name,
-        "manifest_version": MANIFEST_VERSION,
-        "classes": classes,
-        "counts": {split: record["count"] for split, record in splits.items()},
-        "skipped": skipped,
-        "params": params,
-        "output_params": output_params,
-        "source": str(src.resolve()),
-        "versions": library_versions(*libraries),
-        "splits": splits,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    })
+    try:
+        write_json_atomic(manifest_path, {
+            "format": format_name,
+            "manifest_version": MANIFEST_VERSION,
+            "classes": classes,
+            "counts": {split: record["count"] for split, record in splits.items()},
+            "skipped": skipped,
+            "params": params,
+            "output_params": output_params,
+            "source": str(src.resolve()),
+            "versions": library_versions(*libraries),
+            "splits": splits,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        })
+    except OSError as error:
+        raise ConversionFault(f"{out}: {describe_os_error(error)} while writing {MANIFEST}: the new files are in "
+                              f"place but the manifest is the earlier one; run again once there is room") from None
     rate = f", {converted / elapsed:.0f} img/s" if converted else ""
     print(f"{out}: {format_name}, {len(classes)} classes, "
           + ", ".join(f"{split} {record['count']}" for split, record in splits.items())
           + f", {len(skipped)} skipped{rate}", file=sys.stderr)
     return 1 if args.strict and any(splits[s]["skipped"] for s in args.splits) else 0
+
+
+def check_writable(out: Path) -> None:
+    """OUT is, or can be made, a folder this process can create files in (an empty file is made
+    and removed, so a full disk passes here and is met, as a fault, where it fills)."""
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"{out}: exists and is not a folder; OUT must be a folder, new or from an earlier run")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise ConversionError(f"{out}: cannot write there ({describe_os_error(error)})") from None
+
+
+def describe_os_error(error: OSError) -> str:
+    return f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
 
 
 def read_manifest(path: Path) -> dict | None:
@@ -325,6 +356,9 @@ def main_guard(run: Callable[[], int]) -> None:
     except ConversionError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except ConversionFault as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted: nothing was renamed into place; outputs from earlier runs are intact",
               file=sys.stderr)

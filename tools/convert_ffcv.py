@@ -7,19 +7,26 @@ Options follow ffcv-imagenet's writer. Files that do not decode are found by a c
 first pass (JPEG at 1/8 scale) and left out, because FFCV's writer waits forever for a
 worker that raised; should a file still fail in the writer, it is written as a 1x1
 placeholder, and the split is written again without it, so no placeholder is ever kept.
+A worker that dies in FFCV's own code (a full disk) would also leave the writer waiting:
+`_worker_failure_raised` notices its traceback and raises it here instead.
 """
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
+import re
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline.atomic_files import replace_atomically  # noqa: E402
-from convert_common import (ConversionError, SplitResult, common_parser, describe_failure, load_rgb,  # noqa: E402
+from convert_common import (ConversionError, ConversionFault, SplitResult, common_parser, describe_failure, load_rgb,  # noqa: E402
                             main_guard, parallel_map, probe, run_conversion)
 from pipeline.imagefolder import Sample, Skipped  # noqa: E402
 
@@ -50,6 +57,63 @@ class FolderForWriter:
             return np.zeros((1, 1, 3), np.uint8), sample.label
 
 
+_worker_log: str | None = None      # while FFCV writes, where its forked workers' stderr goes
+
+
+def _worker_stderr_to_log() -> None:
+    if _worker_log:
+        fd = os.open(_worker_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+os.register_at_fork(after_in_child=_worker_stderr_to_log)
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _worker_failure_raised():
+    """Inside: FFCV's writer workers write their stderr to a log (their tracebacks never reach
+    the user's terminal), and a watcher thread that sees a traceback there interrupts the main
+    thread's wait with OSError (the worker's, e.g. ENOSPC) or ConversionFault, after stopping
+    the other workers. FFCV's writer itself would wait for the dead worker's samples forever."""
+    global _worker_log
+    with tempfile.NamedTemporaryFile("rb", prefix="ffcv-writer-", suffix=".log") as log:
+        main, done = threading.get_ident(), threading.Event()
+
+        def watch():
+            while not done.wait(0.2):
+                log.seek(0)
+                if b"Traceback" in log.read():
+                    signal.pthread_kill(main, signal.SIGUSR2)       # wakes the main thread's sleep
+                    return
+
+        def interrupt(signum, frame):
+            raise _WorkerDied()
+
+        previous = signal.signal(signal.SIGUSR2, interrupt)
+        _worker_log, watcher = log.name, threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            yield
+        except _WorkerDied:
+            for worker in multiprocessing.active_children():
+                worker.terminate()
+            last = Path(log.name).read_text(errors="replace").strip().splitlines()[-1]
+            found = re.search(r"\[Errno (\d+)\] ([^:']+)", last)
+            if found:
+                raise OSError(int(found[1]), found[2].strip()) from None
+            raise ConversionFault(f"an FFCV writer worker failed: {last}") from None
+        finally:
+            done.set()
+            watcher.join()
+            _worker_log = None
+            signal.signal(signal.SIGUSR2, previous)
+
+
 def write_beton(args, samples: list[Sample], path: Path) -> list[tuple[int, str]]:
     """Write samples to path with FFCV's DatasetWriter; the (index, reason) of failed samples."""
     from ffcv.fields import IntField, RGBImageField
@@ -62,7 +126,15 @@ def write_beton(args, samples: list[Sample], path: Path) -> list[tuple[int, str]
         dataset = FolderForWriter(samples, args.max_resolution or None, log.name)
         writer = DatasetWriter(str(path), {"image": image_field, "label": IntField()},
                                num_workers=args.num_workers)
-        writer.from_indexed_dataset(dataset, chunksize=args.chunk_size)
+        try:
+            with _worker_failure_raised():
+                writer.from_indexed_dataset(dataset, chunksize=args.chunk_size)
+        except (OSError, ConversionFault):
+            shared = getattr(writer, "metadata_sm", None)      # FFCV frees it only when it finishes
+            if shared is not None:
+                shared.close()
+                shared.unlink()
+            raise
         return [(int(index), reason) for index, reason in (line.rstrip("\n").split("\t", 1) for line in log)]
 
 

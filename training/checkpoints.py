@@ -33,10 +33,13 @@ class CheckpointStore:
         found = [(int(m[2]), path) for path in self.directory.iterdir() if (m := _NAME.match(path.name))]
         return [path for _, path in sorted(found)]
 
+    def path(self, epoch: int, step: int) -> Path:
+        return self.directory / f"ep{epoch}-ba{step}.pt"
+
     def save(self, state: dict, epoch: int, step: int) -> Path:
         """Write `state` (temporary file, fsync, rename, fsync the folder), then drop all but the newest K."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"ep{epoch}-ba{step}.pt"
+        path = self.path(epoch, step)
         buffer = io.BytesIO()
         torch.save(state, buffer)
         write_bytes_atomic(path, buffer.getbuffer())

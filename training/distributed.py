@@ -39,9 +39,25 @@ def init_world(device: str = "auto") -> World:
         torch.cuda.set_device(local_rank)
     world = World(rank, local_rank, size, torch.device("cuda", local_rank) if use_cuda else torch.device("cpu"))
     if size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30),
+        timeout = datetime.timedelta(minutes=30)
+        store = _store_of_this_attempt(size, timeout)
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timeout,
+                                **({"store": store, "rank": rank, "world_size": size} if store else {}),
                                 **({"device_id": world.device} if use_cuda else {}))
     return world
+
+
+def _store_of_this_attempt(size: int, timeout: datetime.timedelta):
+    """torchrun keeps one key-value store for all restarts of a worker group (the agent's,
+    TORCHELASTIC_USE_AGENT_STORE=True). A restarted group would read there the addresses the
+    dead group's ranks published and dial dead ports: gloo's connect fails, or waits out the
+    whole timeout (seen: a restarted pair silent for 13 minutes). A prefix per restart gives
+    each attempt clean keys. None elsewhere: torch's env:// rendezvous as usual."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=size,
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"fastpipe/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def close_world() -> None:

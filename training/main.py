@@ -1,7 +1,9 @@
 """The entry point: `torchrun --nproc_per_node=N training/main.py --config RECIPE.yaml [key=value ...]`.
 
-Also runs as plain `python training/main.py ...` (one process). A bad config or dataset is
-one line on stderr and exit code 2; rank 0 alone prints it.
+Also runs as plain `python training/main.py ...` (one process). Exit codes: 0 done; 2 a bad
+config, dataset or run directory (one line on stderr, from rank 0); 1 a fault met on the way
+(a full disk, a dead loader worker: one line from the rank that met it); 128 + the signal when
+SIGTERM or SIGUSR1 stopped the run after a checkpoint (`resume=auto` continues it).
 """
 from __future__ import annotations
 
@@ -11,15 +13,19 @@ import os
 import sys
 from pathlib import Path
 
+import torch.distributed as dist
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from algorithms import build_algorithms  # noqa: E402
+from pipeline.base import LoaderWorkerDied  # noqa: E402
 from pipeline.datasets import DatasetError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 from training.distributed import close_world, init_world  # noqa: E402
+from training.stop_requests import Preempted, RunFault  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
-USAGE_ERROR = 2
+USAGE_ERROR, FAULT = 2, 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -31,22 +37,53 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    is_main = int(os.environ.get("RANK", 0)) == 0
-    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING,
+    rank = int(os.environ.get("RANK", 0))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config, args.overrides)
         algorithms = algorithms_from_config(config.algorithms)
         world = init_world(config.device)
-        try:
-            Trainer(config, world, algorithms).fit()
-        finally:
-            close_world()
+        Trainer(config, world, algorithms).fit()
+    # Every rank meets these at the same point, so the process group can be closed together.
     except (ConfigError, DatasetError) as error:
-        if is_main:
-            print(f"error: {error}", file=sys.stderr)
-        return USAGE_ERROR
-    return 0
+        return finish(f"error: {error}" if rank == 0 else "", USAGE_ERROR)
+    except RunFault as error:
+        return finish(f"error: {error}" if str(error) else "", FAULT)
+    except Preempted as stop:
+        return finish("", stop.exit_code)
+    # This rank alone: closing the process group would wait on ranks still inside a collective
+    # (a hang); exiting at once closes its sockets, and their collectives fail straight away.
+    except LoaderWorkerDied as error:
+        exit_now(f"error: rank {rank}: {error}")
+    except RuntimeError as error:
+        if LoaderWorkerDied.says_so(error):         # torch's SIGCHLD handler raises wherever the loop is
+            exit_now(f"error: rank {rank}: {LoaderWorkerDied(config.data.backend, str(error))}")
+        if not lost_a_peer(error):
+            raise
+        exit_now(f"error: rank {rank}: a collective failed ({str(error).splitlines()[0][:200]}): another rank "
+                 f"stopped first (its own error, if it left one, says why)")
+    return finish("", 0)
+
+
+def lost_a_peer(error: RuntimeError) -> bool:
+    """A collective that failed because another rank is gone or silent (gloo raises a plain
+    RuntimeError from its transport, NCCL a DistBackendError)."""
+    return isinstance(error, dist.DistBackendError) or "gloo/transport" in str(error)
+
+
+def finish(message: str, code: int) -> int:
+    close_world()
+    if message:
+        print(message, file=sys.stderr)
+    return code
+
+
+def exit_now(message: str) -> None:
+    print(message, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(FAULT)
 
 
 def algorithms_from_config(settings: dict):

@@ -9,10 +9,17 @@ The run directory is an interface (tests and tools read it):
     summary.json    at the end: best_val_top1, last_val_top1, wall_s, train_img_per_s, epochs, ...
     tensorboard/    when the tensorboard package is installed
 Only rank 0 writes or prints; on other ranks every method is a no-op.
+
+A run directory that cannot be written at the start (no permission, a read-only or full file
+system, a file in the way) fails `check_writable()`; a metrics line that cannot be written
+later is kept in `fault`, the file cut back to its last whole line, and the trainer stops all
+ranks after the step (training/stop_requests.py).
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,14 +35,25 @@ class RunLog:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self._bar = None
         self._tensorboard = None
-        if active:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            if tensorboard:
-                try:
-                    from torch.utils.tensorboard import SummaryWriter
-                    self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
-                except ImportError:  # tensorboard is optional
-                    pass
+        self.fault: str | None = None
+        self._tensorboard_wanted = tensorboard and active
+
+    def check_writable(self) -> None:
+        """Create and remove a file in the run directory and in checkpoints/ (OSError if that
+        fails); then start TensorBoard, now that the place is known good."""
+        if not self.active:
+            return
+        for folder in (self.run_dir, self.run_dir / "checkpoints"):
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".write-probe-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        if self._tensorboard_wanted:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:  # tensorboard is optional
+                pass
 
     def write_config(self, plain_config: dict) -> None:
         if self.active:
@@ -52,10 +70,25 @@ class RunLog:
         write_bytes_atomic(self.metrics_path, "".join(kept).encode())
 
     def metrics(self, record: dict) -> None:
-        if not self.active:
+        if not self.active or self.fault:
             return
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        line = (json.dumps(record) + "\n").encode()
+        try:
+            fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as error:
+            self.fault = cannot_write(error, self.metrics_path)
+            return
+        try:
+            whole = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                if os.write(fd, line) != len(line):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.metrics_path))   # a short write: the disk filled
+            except OSError as error:
+                os.ftruncate(fd, whole)            # no torn line that a reader could take for a record
+                self.fault = cannot_write(error, self.metrics_path)
+                return
+        finally:
+            os.close(fd)
         if self._tensorboard:
             for key, value in record.items():
                 if key not in ("epoch", "step") and isinstance(value, (int, float)):
@@ -82,10 +115,16 @@ class RunLog:
             print(text, flush=True)
 
     def write_summary(self, summary: dict) -> None:
+        """summary.json marks a finished run; OSError when it cannot be written."""
         if self.active:
-            write_bytes_atomic(self.run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
             if self._tensorboard:
                 self._tensorboard.close()
+            write_bytes_atomic(self.run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+
+
+def cannot_write(error: OSError, path) -> str:
+    """One line for a write that failed: the path and the system's reason."""
+    return f"cannot write {error.filename or path} ({error.strerror or error})"
 
 
 def _step_of(line: str) -> int:

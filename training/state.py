@@ -40,6 +40,7 @@ class State:
     step: int = 0
     samples_seen: int = 0                  # over all ranks
     train_seconds: float = 0.0             # time spent in training epochs, over all sessions
+    evaluated_step: int = -1               # the step of the latest evaluation
     # the batch in flight (a micro-batch between BEFORE_FORWARD and AFTER_BACKWARD)
     images: Optional[torch.Tensor] = None
     targets: Optional[torch.Tensor] = None
@@ -64,6 +65,7 @@ class State:
     def counters(self) -> dict:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step,
                 "samples_seen": self.samples_seen, "train_seconds": self.train_seconds,
+                "evaluated_step": self.evaluated_step,
                 "best_val_top1": self.best_val_top1, "metrics": dict(self.metrics)}
 
     def load_counters(self, counters: dict) -> None:

@@ -1,6 +1,10 @@
 """The training loop: builds a run from a Config, trains with DDP, AMP and channels-last,
 fires the events (algorithms/base.py) at the points they name, evaluates, checkpoints and
 resumes exactly. `Trainer(config, world, algorithms).fit()` returns the run's summary.
+
+It stops every rank at the same step when asked (SIGTERM, SIGUSR1: a checkpoint of that step,
+then `Preempted`) or when rank 0 cannot write the run directory (`RunFault`, earlier
+checkpoints intact); training/stop_requests.py says how the ranks agree.
 """
 from __future__ import annotations
 
@@ -24,9 +28,10 @@ from training.losses import build_loss
 from training.models import build_model
 from training.optim import build_optimizer, build_scheduler
 from training.rng import rng_state, seed_everything, set_rng_state
-from training.run_log import RunLog
+from training.run_log import RunLog, cannot_write
 from training.state import State
 from training.step_phases import StepPhases
+from training.stop_requests import Preempted, RunFault, StopRequests
 from training.typed_config import to_plain
 
 log = logging.getLogger("training")
@@ -82,6 +87,7 @@ class Trainer:
         state.loss_fn = build_loss(config.loss)
         self.store = CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
         self.log = RunLog(Path(config.run_dir), world.is_main, config.log.progress, config.log.tensorboard)
+        self.stops, self.stop = StopRequests(world), None
         self._wall_before = 0.0               # wall time of earlier sessions of this run
         on_cuda = device.type == "cuda"
         self.phases = StepPhases(config.log.step_phases is True or (config.log.step_phases == "auto" and not on_cuda),
@@ -90,9 +96,16 @@ class Trainer:
 
     # --- the run --------------------------------------------------------------------------
     def fit(self) -> dict:
+        self.stops.install()
+        try:
+            return self._fit()
+        finally:
+            self.stops.uninstall()
+
+    def _fit(self) -> dict:
         state, config = self.state, self.config
         self._resume()                              # may refuse before anything is written
-        self.log.write_config(to_plain(config))
+        self._prepare_run_dir()
         source = config.data.backend + (f":{config.data.path}" if config.data.backend != "synthetic" else "")
         self.log.print(f"training {config.model.name} on {source}: "
                        f"{state.epochs} epochs of {state.steps_per_epoch} steps, {self.world.size} process(es) "
@@ -101,7 +114,9 @@ class Trainer:
         self.engine.fire(Event.FIT_START, state)
         eval_every = config.eval_interval.to_batches(state.steps_per_epoch, state.total_steps)
         save_every = config.checkpoint.interval.to_batches(state.steps_per_epoch, state.total_steps)
-        last_eval = last_save = state.step if state.step else -1
+        if state.step and state.evaluated_step != state.step and _due(state.step, eval_every):
+            self.evaluate()                         # a stop on a signal came before this evaluation
+        last_save = state.step if state.step else -1
         while not state.finished:
             if state.batch_in_epoch == 0:
                 state.train_loader.set_epoch(state.epoch)
@@ -110,13 +125,14 @@ class Trainer:
             if state.batch_in_epoch == state.steps_per_epoch:
                 self.engine.fire(Event.EPOCH_END, state)
                 state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+            if self.stop:
+                self._stop_now()
             if _due(state.step, eval_every) or state.finished:
                 self.evaluate()
-                last_eval = state.step
             if _due(state.step, save_every) or state.finished:
                 self.save_checkpoint()
                 last_save = state.step
-        if last_eval != state.step:                 # a resumed run that was already complete
+        if state.evaluated_step != state.step:      # a resumed run that was already complete
             self.evaluate()
         if last_save != state.step:
             self.save_checkpoint()
@@ -156,7 +172,12 @@ class Trainer:
                 loss_sum.zero_()
                 interval_start, interval_samples, interval_steps = now, 0, 0
             self.log.advance()
+            if self.log.fault:
+                self.stops.fault()
+            self.stop = self.stops.agreed()
             phases.lap("other")
+            if self.stop:
+                break
             if _due(state.step, save_every) and not state.finished and state.batch_in_epoch < state.steps_per_epoch:
                 with timer.paused():
                     self.save_checkpoint()
@@ -227,6 +248,7 @@ class Trainer:
         state.metrics = {"val_top1": round(100 * correct1 / count, 3), "val_top5": round(100 * correct5 / count, 3),
                          "val_loss": round(loss / count, 5)}
         state.best_val_top1 = max(state.best_val_top1 or 0.0, state.metrics["val_top1"])
+        state.evaluated_step = state.step
         self.engine.fire(Event.EVAL_END, state)
         self.log.metrics({"epoch": state.epoch - (state.batch_in_epoch == 0), "step": state.step, **state.metrics})
         self.log.print(f"  eval after {state.step} steps: top-1 {state.metrics['val_top1']:.2f}%, "
@@ -234,9 +256,10 @@ class Trainer:
         return state.metrics
 
     # --- checkpoints ------------------------------------------------------------------------
-    def save_checkpoint(self) -> None:
-        """All ranks call this: their RNG states are gathered; rank 0 writes the file."""
-        state = self.state
+    def save_checkpoint(self) -> Path | None:
+        """All ranks call this: their RNG states are gathered; rank 0 writes the file and tells
+        the others whether it could (RunFault on every rank if not). Rank 0 gets the path."""
+        state, path, problem = self.state, None, None
         rng_states = dist.gather_to_main(rng_state(), self.world)
         if self.world.is_main:
             counters = state.counters() | {"wall_seconds": self._wall_seconds()}
@@ -245,8 +268,43 @@ class Trainer:
                           "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
                           "scaler": state.scaler.state_dict(), "algorithms": self.engine.state_dict(),
                           "loader": state.train_loader.state_dict(), "rng": rng_states}
-            self.store.save(checkpoint, state.epoch, state.step)
-        dist.barrier(self.world)
+            try:
+                path = self.store.save(checkpoint, state.epoch, state.step)
+            except OSError as error:
+                error.filename = None                 # name the checkpoint, not its temporary file
+                problem = (f"{cannot_write(error, self.store.path(state.epoch, state.step))}; "
+                           f"the checkpoints before it are intact")
+        problem = dist.broadcast_from_main(problem, self.world)   # the barrier: no rank runs ahead of the file
+        if problem:
+            raise RunFault(problem if self.world.is_main else "")
+        return path
+
+    def _stop_now(self) -> None:
+        """Every rank, after the step at which they agreed to stop: a fault ends the run there; a
+        signal gets a checkpoint of exactly this step first (no evaluation: the grace time
+        before SIGKILL is short; a resumed run evaluates first if this step was due one)."""
+        if self.stop.fault:
+            raise RunFault(self.log.fault or "")
+        path = self.save_checkpoint()
+        self.log.print(f"stopped by {self.stop.signal.name} after step {self.state.step}: checkpoint {path} "
+                       f"written; resume=auto continues the run")
+        raise Preempted(self.stop.exit_code)
+
+    def _prepare_run_dir(self) -> None:
+        """Rank 0 checks that the run directory can be written, drops the metrics lines a resumed
+        run writes again and saves the config; a place that cannot be written is a ConfigError
+        on every rank (rank 0 says why)."""
+        problem = None
+        if self.world.is_main:
+            try:
+                self.log.check_writable()
+                self.log.rewind(self.state.step)
+                self.log.write_config(to_plain(self.config))
+            except OSError as error:
+                problem = f"run_dir {self.config.run_dir}: {cannot_write(error, self.config.run_dir)}"
+        problem = dist.broadcast_from_main(problem, self.world)
+        if problem:
+            raise ConfigError(problem)
 
     def _resume(self) -> None:
         resume = self.config.resume
@@ -254,11 +312,9 @@ class Trainer:
             if self.store.checkpoints():
                 raise ConfigError(f"run_dir {self.config.run_dir} already has checkpoints; resume=auto continues "
                                   f"that run, or pick another run_dir")
-            self.log.rewind(0)
             return
         found = self.store.load_newest() if resume == "auto" else (Path(resume), _load_named(resume))
         if found is None:
-            self.log.rewind(0)
             return
         path, checkpoint = found
         state = self.state
@@ -273,11 +329,11 @@ class Trainer:
         state.scaler.load_state_dict(checkpoint["scaler"])
         self.engine.load_state_dict(checkpoint["algorithms"])
         self._wall_before = counters.pop("wall_seconds")
+        counters.setdefault("evaluated_step", counters["step"])   # checkpoints from before the field
         state.load_counters(counters)
         if state.batch_in_epoch:
             state.train_loader.load_state_dict(checkpoint["loader"])
         set_rng_state(checkpoint["rng"][self.world.rank % saved_world])
-        self.log.rewind(state.step)
         changed = _changed_keys(checkpoint["config"], to_plain(self.config))
         self.log.print(f"resumed from {path}: epoch {state.epoch + 1}, step {state.step}"
                        + (f" (config keys changed since: {', '.join(changed)})" if changed else ""))
@@ -293,7 +349,12 @@ class Trainer:
                    "epochs": round(state.step / state.steps_per_epoch, 3), "steps": state.step,
                    "world_size": self.world.size, "device": str(self.world.device),
                    "step_phases": self.phases.shares()}
-        self.log.write_summary(summary)
+        if self.log.fault:
+            raise RunFault(self.log.fault)
+        try:
+            self.log.write_summary(summary)
+        except OSError as error:
+            raise RunFault(cannot_write(error, self.config.run_dir)) from None
         self.log.print(f"done: top-1 {summary['last_val_top1']:.2f}% (best {summary['best_val_top1']:.2f}%), "
                        f"{summary['epochs']:g} epochs in {summary['wall_s']:.1f} s, "
                        f"{summary['train_img_per_s']:,.0f} train img/s, run dir {self.config.run_dir}")

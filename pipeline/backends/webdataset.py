@@ -166,7 +166,6 @@ class WebDatasetLoader(Loader):
     def __init__(self, spec: LoaderSpec):
         data = read_converted(spec.path, spec.split, "webdataset")
         self.stored = StoredShards(data.shards)
-        self.uses_engine = spec.native_decode and not (spec.train and spec.randaugment)
         self._plan: list[np.ndarray] = []
         self.engine_seconds = dict.fromkeys((*decode_engine.STAGES, "python"), 0.0)   # summed over samples
         self.engine_samples = 0
@@ -174,8 +173,14 @@ class WebDatasetLoader(Loader):
         self._sampler = BatchKeys()
         self._ring: BufferRing | None = None
         super().__init__(spec, len(data.classes))
-        if not self.uses_engine:
-            self.dataloader = torch_dataloader(WorkerBatches(self.stored, spec), spec, sampler=self._sampler)
+        self.dataloader = None              # made at the first iteration that needs it
+
+    @property
+    def uses_engine(self) -> bool:
+        """Read at iteration: RandAugment, set by its algorithm after the loader is made (at
+        INIT, through `reconfigure`), moves decoding to DataLoader workers."""
+        spec = self.spec
+        return spec.native_decode and not (spec.train and spec.randaugment)
 
     def _prepare_epoch(self, epoch: int) -> None:
         self._plan = self.stored.epoch_batches(self.spec, epoch)
@@ -185,6 +190,9 @@ class WebDatasetLoader(Loader):
 
     def _batches(self, epoch: int, start: int):
         if not self.uses_engine:
+            if self.dataloader is None:
+                self.dataloader = torch_dataloader(WorkerBatches(self.stored, self.spec), self.spec,
+                                                   sampler=self._sampler)
             self._sampler.keys, self._sampler.start = [(epoch, self.side, ids) for ids in self._plan], start
             for index, (images, labels, errors) in enumerate(self.dataloader, start):
                 self._undecodable(errors)

@@ -1,0 +1,86 @@
+"""Running `training/main.py` as users do, for the tests of runs: a tiny run's overrides, plain and
+torchrun launches, and killing a process tree the way a node failure does."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "training" / "main.py"
+RECIPE = ROOT / "algorithms" / "recipes" / "fashion_baseline.yaml"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def tiny_run(path, backend: str, run_dir: Path, *extra) -> list[str]:
+    """Overrides for a few-second run of the fashion recipe on the test's small sample."""
+    return [f"data.backend={backend}", f"data.path={path}", "data.batch_size=8", "data.num_workers=1",
+            "model.width=4", "model.blocks_per_stage=1", "log.progress=false", "log.tensorboard=false",
+            f"run_dir={run_dir}", *extra]
+
+
+def main_py(*args, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(MAIN), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def torchrun_2(run_dir: Path, overrides: list[str]) -> list[str]:
+    return [*TORCHRUN, "--standalone", "--nproc_per_node=2", str(MAIN), "--config", str(RECIPE), *overrides]
+
+
+def processes() -> dict[int, tuple[int, int]]:
+    """Every process now: pid -> (parent pid, start time in clock ticks)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found[int(stat.parent.name)] = (int(fields[1]), int(fields[19]))
+    return found
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid`, oldest first."""
+    return [child for _, child in sorted((info[1], child) for child, info in processes().items() if info[0] == pid)]
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once (torchrun starts its workers in
+    sessions of their own, so killing its process group would leave them running)."""
+    parents = {child: info[0] for child, info in processes().items()}
+    tree, grew = {pid}, True
+    while grew:
+        below = {child for child, parent in parents.items() if parent in tree} - tree
+        tree, grew = tree | below, bool(below)
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGSTOP)        # freeze all first, so none acts on another's death
+        except ProcessLookupError:
+            pass
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def final_weights(run_dir: Path) -> dict:
+    newest = sorted((run_dir / "checkpoints").iterdir(), key=lambda p: int(p.stem.split("-ba")[1]))[-1]
+    return torch.load(newest, weights_only=True)

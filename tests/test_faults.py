@@ -1,0 +1,267 @@
+"""Faults a cluster user meets, with real processes: preemption signals (a checkpoint of the step
+the ranks stop at, then an exact resume), a worker SIGKILLed under torchrun's restarts, a full
+or read-only file system under the run directory and under the converters' output (real tmpfs
+mounts; skipped where this user cannot mount), and a loader worker that dies mid-epoch."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_tool
+from runs import MAIN, RECIPE, ROOT, TORCHRUN, children, final_weights, read_jsonl, tiny_run, torchrun_2
+
+SYNTHETIC = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=8",
+             "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
+             "log.progress=false", "log.tensorboard=false", "log.interval=1"]
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(name, size, read_only=False) -> a fresh tmpfs under tmp_path: a real file system that
+    fills up. Unmounted at the end; the test is skipped where mounting is not allowed."""
+    mounted = []
+
+    def mount(name: str, size: str, read_only: bool = False) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {result.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in reversed(mounted):
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+def fill(folder: Path) -> None:
+    """Write into `folder` until its file system is full."""
+    try:
+        with open(folder / "filler", "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+    except OSError as error:
+        assert error.errno == errno.ENOSPC, error
+
+
+def one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def the_error_line(stderr: str) -> str:
+    """The one `error:` line among a tool's progress lines; no traceback."""
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return errors[0]
+
+
+def wait_for_step(run_dir: Path, process: subprocess.Popen, step: int, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    metrics = run_dir / "metrics.jsonl"
+    while True:
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        if any(json.loads(line).get("step", 0) >= step for line in lines if line.endswith("}")):
+            return
+        assert process.poll() is None, f"the run ended (exit {process.returncode}) before step {step}"
+        assert time.monotonic() < deadline, f"no step {step} within {seconds} s"
+        time.sleep(0.02)
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(int(p.stem.split("-ba")[1]) for p in (run_dir / "checkpoints").glob("ep*-ba*.pt"))
+
+
+# --- preemption -------------------------------------------------------------------------------
+def test_sigterm_to_torchrun_checkpoints_the_step_the_ranks_stop_at_and_resume_is_bitwise_equal(
+        converted_sets, tmp_path):
+    data = converted_sets["fashion"]["folder"]
+    common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=3ep", "data.scale=[0.35,1]",
+              "log.interval=1"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    subprocess.run(torchrun_2(straight, tiny_run(data, "folder", straight, *common)), check=True,
+                   capture_output=True, timeout=300, cwd=ROOT)
+
+    command = torchrun_2(stopped, tiny_run(data, "folder", stopped, *common))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    wait_for_step(stopped, process, 9)
+    process.send_signal(signal.SIGTERM)         # as Slurm or Kubernetes do; torchrun passes it on
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0
+    line = re.search(r"stopped by SIGTERM after step (\d+): checkpoint (\S+) written", stdout)
+    assert line, stdout[-2000:] + stderr[-3000:]
+    step = int(line[1])
+    assert Path(line[2]).name.endswith(f"-ba{step}.pt") and step in checkpoint_steps(stopped)
+    assert step < 42 and not (stopped / "summary.json").exists()
+    assert "Traceback" not in stdout
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"-ba{step}.pt: " in resumed.stdout
+    expected, actual = final_weights(straight), final_weights(stopped)
+    assert expected["counters"]["step"] == actual["counters"]["step"] == 42
+    for key, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][key]), key
+    evals = [line["step"] for line in read_jsonl(stopped / "metrics.jsonl") if "val_top1" in line]
+    assert evals == [line["step"] for line in read_jsonl(straight / "metrics.jsonl") if "val_top1" in line]
+    assert json.loads((stopped / "summary.json").read_text())["last_val_top1"] == \
+        json.loads((straight / "summary.json").read_text())["last_val_top1"]
+
+
+def test_sigusr1_stops_a_single_process_run_with_exit_code_138_after_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, str(MAIN), "--config", str(RECIPE), *SYNTHETIC,
+                                "max_duration=200ep", f"run_dir={run_dir}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    wait_for_step(run_dir, process, 3)
+    process.send_signal(signal.SIGUSR1)          # Slurm's early warning (--signal=USR1@120)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGUSR1, stderr[-3000:]
+    step = int(re.search(r"stopped by SIGUSR1 after step (\d+)", stdout)[1])
+    assert checkpoint_steps(run_dir)[-1] == step
+    assert max(line["step"] for line in read_jsonl(run_dir / "metrics.jsonl")) == step
+
+
+# --- a worker killed under torchrun's restarts -------------------------------------------------
+def rank_of(pid: int) -> int | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(v[5:]) for v in environ if v.startswith(b"RANK=")), None)
+
+
+def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never_stopped(converted_sets, tmp_path):
+    data = converted_sets["fashion"]["folder"]
+    common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=5ba", "checkpoint.keep=3",
+              "data.scale=[0.35,1]"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(torchrun_2(straight, tiny_run(data, "folder", straight, *common)), check=True,
+                   capture_output=True, timeout=300, cwd=ROOT)
+
+    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1", str(MAIN), "--config",
+               str(RECIPE), *tiny_run(data, "folder", killed, *common)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 240
+    while not (killed / "checkpoints" / "ep1-ba10.pt").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.02)
+    rank1 = next(pid for pid in children(process.pid) if rank_of(pid) == 1)
+    os.kill(rank1, signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert re.search(r"resumed from \S+-ba(\d+)\.pt", stdout), stdout[-3000:]
+    expected, actual = final_weights(straight), final_weights(killed)
+    assert expected["counters"]["step"] == actual["counters"]["step"] == 42
+    for key, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][key]), key
+    assert json.loads((killed / "summary.json").read_text())["last_val_top1"] == \
+        json.loads((straight / "summary.json").read_text())["last_val_top1"]
+
+
+# --- unwritable and full places ---------------------------------------------------------------
+@pytest.mark.parametrize("place", ["read-only file system", "a file in the way"])
+def test_a_run_dir_that_cannot_be_written_is_one_line_and_exit_2(place, tmpfs, tmp_path):
+    if place == "a file in the way":
+        (tmp_path / "taken").write_text("a file")
+        run_dir, cause = tmp_path / "taken" / "run", "Not a directory"
+    else:
+        run_dir, cause = tmpfs("ro", "1m", read_only=True) / "run", "Read-only file system"
+    result = subprocess.run([sys.executable, str(MAIN), "--config", str(RECIPE), *SYNTHETIC, "max_duration=1ep",
+                             f"run_dir={run_dir}"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert f"run_dir {run_dir}" in line and cause in line
+
+
+def test_a_disk_that_fills_mid_run_is_one_line_exit_1_earlier_checkpoints_intact_then_resumes(tmpfs):
+    disk = tmpfs("disk", "640k")
+    run_dir = disk / "run"
+    command = [sys.executable, str(MAIN), "--config", str(RECIPE), *SYNTHETIC, "max_duration=40ep",
+               "checkpoint.interval=2ba", "checkpoint.keep=1000", "deterministic=true", f"run_dir={run_dir}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = one_error_line(result.stderr)
+    assert re.search(rf"cannot write {re.escape(str(run_dir))}\S* \(No space left on device\)", line), line
+    saved = checkpoint_steps(run_dir)
+    assert saved and not (run_dir / "summary.json").exists()
+    for step in saved:                                   # every checkpoint under its final name is whole
+        assert torch.load(next((run_dir / "checkpoints").glob(f"*-ba{step}.pt")), weights_only=True)
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if ".tmp-" in p.name]
+    read_jsonl(run_dir / "metrics.jsonl")                # no torn line
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)   # the user frees space
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"-ba{saved[-1]}.pt: " in resumed.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 40
+
+
+def test_a_metrics_line_that_does_not_fit_leaves_no_torn_line(tmpfs):
+    from training.run_log import RunLog
+    disk = tmpfs("disk", "16k")
+    log = RunLog(disk, active=True, progress=False, tensorboard=False)
+    log.metrics({"step": 1, "train_loss": 1.0})
+    fill(disk)
+    log.metrics({"step": 2, "train_loss": 0.5, "padding": "x" * 20000})
+    assert "No space left on device" in log.fault and str(disk / "metrics.jsonl") in log.fault
+    assert (disk / "metrics.jsonl").read_text() == '{"step": 1, "train_loss": 1.0}\n'
+
+
+@pytest.mark.parametrize("converter", ["convert_wds.py", "convert_ffcv.py"])
+def test_converters_name_an_unwritable_or_full_output_in_one_line(converter, sample_sets, tmpfs, tmp_path):
+    source = sample_sets / "fashion"
+    (tmp_path / "a-file").write_text("not a folder")
+    result = run_tool(converter, source, tmp_path / "a-file")
+    assert result.returncode == 2 and str(tmp_path / "a-file") in the_error_line(result.stderr)
+
+    read_only = tmpfs("ro", "1m", read_only=True)
+    result = run_tool(converter, source, read_only / "out")
+    assert result.returncode == 2
+    assert "Read-only file system" in the_error_line(result.stderr)
+
+    disk = tmpfs("disk", "64m")       # FFCV writes in pages of 8 MB
+    run_tool(converter, source, disk / "out", "--splits", "val", check=True)
+    before = {p.name: p.read_bytes() for p in (disk / "out").iterdir() if p.is_file()}
+    fill(disk)
+    result = run_tool(converter, source, disk / "out", "--force")
+    assert result.returncode == 1
+    line = the_error_line(result.stderr)
+    assert str(disk / "out") in line and "No space left on device" in line
+    after = {p.name: p.read_bytes() for p in (disk / "out").iterdir() if p.is_file()}
+    assert after == before                            # the earlier output, manifest included, untouched
+    assert not [p for p in (disk / "out").iterdir() if ".tmp" in p.name]
+
+
+# --- a loader worker that dies ----------------------------------------------------------------
+@pytest.mark.parametrize("backend, extra", [("folder", []),
+                                            ("webdataset", ["algorithms.randaugment={depth: 1, severity: 5}"])])
+def test_a_loader_worker_killed_mid_epoch_is_one_line_naming_the_backend_not_a_hang(
+        backend, extra, converted_sets, tmp_path):
+    data = converted_sets["fashion"][backend]
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, str(MAIN), "--config", str(RECIPE),
+                                *tiny_run(data, backend, run_dir, "max_duration=50ep", "log.interval=1", *extra)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    wait_for_step(run_dir, process, 2)
+    workers = children(process.pid)
+    assert workers, "no loader worker process to kill"
+    os.kill(workers[0], signal.SIGKILL)                  # what the out-of-memory killer does
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    line = one_error_line(stderr)
+    assert f"error: rank 0: {backend} loader" in line and "out-of-memory killer" in line, line

@@ -1,0 +1,88 @@
+"""Stopping every rank at the same step, cleanly: when the cluster asks (a signal) or when one
+rank met a fault the others cannot see (rank 0 alone writes the run directory).
+
+The signals are SIGTERM, what Slurm, Kubernetes and torchrun's own shutdown send before they
+kill (torchrun passes it to each worker's process group and waits 30 s, its
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT, before SIGKILL), and SIGUSR1, which Slurm sends ahead of time
+when asked (`--signal=USR1@120`). The handler only records the signal. Once per step every
+rank calls `agreed()`, an all-reduce (MAX) of [signal, fault] over a CPU (gloo) group, so a
+signal that reached one rank mid-step stops all of them after that same step; on CUDA the
+group is a separate gloo one, so the check never waits for the GPU.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from pipeline.worker_decode import STOP_SIGNALS
+from training.distributed import World
+
+
+class RunFault(Exception):
+    """A fault met on the way (a full disk, a dead loader worker): exit code 1. Its message is
+    the one line the rank that met it prints; the other ranks carry an empty one."""
+
+
+class Preempted(Exception):
+    """The run stopped on a signal, its checkpoint written; `exit_code` is 128 + the signal."""
+
+    def __init__(self, exit_code: int):
+        super().__init__(exit_code)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Stop:
+    signal: Optional[signal.Signals]    # the signal that asked for the stop (the highest number seen)
+    fault: bool                         # some rank met a fault; that rank reports it
+
+    @property
+    def exit_code(self) -> int:
+        """What a shell reports for a process its signal ended (128 + number): the run is not done."""
+        return 128 + int(self.signal) if self.signal else 1
+
+
+class StopRequests:
+    def __init__(self, world: World):
+        self.world = world
+        self._signal = 0
+        self._fault = False
+        self._previous = {}
+        self._group = None
+        if world.distributed:
+            self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+
+    def install(self) -> "StopRequests":
+        """Record SIGTERM and SIGUSR1 from now on (Python allows handlers in the main thread only)."""
+        if threading.current_thread() is threading.main_thread():
+            for number in STOP_SIGNALS:
+                self._previous[number] = signal.signal(number, self._record)
+        return self
+
+    def uninstall(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+
+    def _record(self, number, frame) -> None:
+        self._signal = max(self._signal, int(number))
+
+    def fault(self) -> None:
+        """This rank met a fault: all ranks stop after the current step."""
+        self._fault = True
+
+    def agreed(self) -> Optional[Stop]:
+        """Collective (every rank, once per step): why all ranks stop now, or None to go on."""
+        flags = torch.tensor([self._signal, int(self._fault)], dtype=torch.int32)
+        if self._group is not None:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
+        number, fault = flags.tolist()
+        if not (number or fault):
+            return None
+        return Stop(signal.Signals(number) if number else None, bool(fault))
+
