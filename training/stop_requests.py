@@ -6,8 +6,9 @@ kill (torchrun passes it to each worker's process group and waits 30 s, its
 TORCH_ELASTIC_SHUTDOWN_TIMEOUT, before SIGKILL), and SIGUSR1, which Slurm sends ahead of time
 when asked (`--signal=USR1@120`). The handler only records the signal. Once per step every
 rank calls `agreed()`, an all-reduce (MAX) of [signal, fault] over a CPU (gloo) group, so a
-signal that reached one rank mid-step stops all of them after that same step; on CUDA the
-group is a separate gloo one, so the check never waits for the GPU.
+signal that reached one rank mid-step stops all of them after the same step (the next one:
+the exchange overlaps a step); on CUDA the group is a separate gloo one, so the check never
+waits for the GPU.
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class StopRequests:
         self._signal = 0
         self._fault = False
         self._previous = {}
+        self._in_flight = None
         self._group = None
         if world.distributed:
             self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
@@ -77,12 +79,37 @@ class StopRequests:
         self._fault = True
 
     def agreed(self) -> Optional[Stop]:
-        """Collective (every rank, once per step): why all ranks stop now, or None to go on."""
-        flags = torch.tensor([self._signal, int(self._fault)], dtype=torch.int32)
-        if self._group is not None:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
-        number, fault = flags.tolist()
-        if not (number or fault):
-            return None
-        return Stop(signal.Signals(number) if number else None, bool(fault))
+        """Collective (every rank, once per step): why all ranks stop now, or None to go on.
 
+        The flags each rank sends at the end of one step come back at the end of the next, so
+        the all-reduce runs while that step computes, and a request stops every rank one step
+        after the step it arrived in. `drain()` collects the last one. Measured on the 2-core
+        EPYC, 2 ranks, a 2.9 ms synthetic step: +0.4-0.6 ms a step this way, +0.75-0.9 ms
+        waiting for each exchange at once (5 alternating rounds; on 2 cores gloo's thread
+        competes with the step itself); against the fashion recipe's ~300 ms steps, 0.2%."""
+        flags = torch.tensor([self._signal, int(self._fault)], dtype=torch.int32)
+        if self._group is None:
+            return _stop_from(flags)
+        sent, self._in_flight = self._in_flight, (flags, dist.all_reduce(flags, op=dist.ReduceOp.MAX,
+                                                                          group=self._group, async_op=True))
+        return self._collect(sent)
+
+    def drain(self) -> None:
+        """Every rank, when the loop ends: wait for the last exchange (no work left in flight)."""
+        self._collect(self._in_flight)
+        self._in_flight = None
+
+    @staticmethod
+    def _collect(sent) -> Optional[Stop]:
+        if sent is None:
+            return None
+        flags, work = sent
+        work.wait()
+        return _stop_from(flags)
+
+
+def _stop_from(flags: torch.Tensor) -> Optional[Stop]:
+    number, fault = flags.tolist()
+    if not (number or fault):
+        return None
+    return Stop(signal.Signals(number) if number else None, bool(fault))

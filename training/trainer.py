@@ -132,6 +132,7 @@ class Trainer:
             if _due(state.step, save_every) or state.finished:
                 self.save_checkpoint()
                 last_save = state.step
+        self.stops.drain()
         if state.evaluated_step != state.step:      # a resumed run that was already complete
             self.evaluate()
         if last_save != state.step:
@@ -283,6 +284,7 @@ class Trainer:
         """Every rank, after the step at which they agreed to stop: a fault ends the run there; a
         signal gets a checkpoint of exactly this step first (no evaluation: the grace time
         before SIGKILL is short; a resumed run evaluates first if this step was due one)."""
+        self.stops.drain()
         if self.stop.fault:
             raise RunFault(self.log.fault or "")
         path = self.save_checkpoint()
