@@ -87,8 +87,12 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 
 
 # --- preemption -------------------------------------------------------------------------------
-def test_sigterm_to_torchrun_checkpoints_the_step_the_ranks_stop_at_and_resume_is_bitwise_equal(
-        converted_sets, tmp_path):
+@pytest.mark.parametrize("stop_signal, flags", [
+    (signal.SIGTERM, []),                                                 # Slurm's, Kubernetes' last word
+    (signal.SIGUSR1, ["--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"]),   # Slurm's warning
+])
+def test_a_signal_to_torchrun_checkpoints_the_step_the_ranks_stop_at_and_resume_is_bitwise_equal(
+        stop_signal, flags, converted_sets, tmp_path):
     data = converted_sets["fashion"]["folder"]
     common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=3ep", "data.scale=[0.35,1]",
               "log.interval=1"]
@@ -97,12 +101,14 @@ def test_sigterm_to_torchrun_checkpoints_the_step_the_ranks_stop_at_and_resume_i
                    capture_output=True, timeout=300, cwd=ROOT)
 
     command = torchrun_2(stopped, tiny_run(data, "folder", stopped, *common))
+    at = command.index("--nproc_per_node=2") + 1
+    command[at:at] = flags                      # torchrun's own options, before the script
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     wait_for_step(stopped, process, 9)
-    process.send_signal(signal.SIGTERM)         # as Slurm or Kubernetes do; torchrun passes it on
+    process.send_signal(stop_signal)            # to torchrun, which passes it on to its workers
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode != 0
-    line = re.search(r"stopped by SIGTERM after step (\d+): checkpoint (\S+) written", stdout)
+    line = re.search(rf"stopped by {stop_signal.name} after step (\d+): checkpoint (\S+) written", stdout)
     assert line, stdout[-2000:] + stderr[-3000:]
     step = int(line[1])
     assert Path(line[2]).name.endswith(f"-ba{step}.pt") and step in checkpoint_steps(stopped)
