@@ -171,6 +171,9 @@ def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
     assert re.search(r"resumed from \S+-ba(\d+)\.pt", stdout), stdout[-3000:]
+    survivor = [line for line in stderr.splitlines() if line.startswith("error: rank 0:")]
+    assert len(survivor) == 1 and "a collective failed in " in survivor[0], stderr[-3000:]   # one line, no traceback
+    assert "Traceback" not in stderr
     expected, actual = final_weights(straight), final_weights(killed)
     assert expected["counters"]["step"] == actual["counters"]["step"] == 42
     for key, tensor in expected["model"].items():

@@ -13,6 +13,16 @@ import torch.distributed as dist
 from training.typed_config import ConfigError
 
 
+# What this rank is doing, named in the one line a failed or timed-out collective gets
+# (training/main.py): which wait it was.
+activity = "start-up (loaders, model, DDP's first broadcast)"
+
+
+def doing(what: str) -> None:
+    global activity
+    activity = what
+
+
 @dataclass(frozen=True)
 class World:
     rank: int

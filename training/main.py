@@ -21,6 +21,7 @@ from algorithms import build_algorithms  # noqa: E402
 from pipeline.base import LoaderWorkerDied  # noqa: E402
 from pipeline.datasets import DatasetError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
+from training import distributed  # noqa: E402
 from training.distributed import close_world, init_world  # noqa: E402
 from training.stop_requests import Preempted, RunFault  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
@@ -61,8 +62,9 @@ def main(argv=None) -> int:
             exit_now(f"error: rank {rank}: {LoaderWorkerDied(config.data.backend, str(error))}")
         if not lost_a_peer(error):
             raise
-        exit_now(f"error: rank {rank}: a collective failed ({str(error).splitlines()[0][:200]}): another rank "
-                 f"stopped first (its own error, if it left one, says why)")
+        exit_now(f"error: rank {rank}: a collective failed in {distributed.activity} "
+                 f"({str(error).splitlines()[0][:200]}): another rank stopped first or is stuck (its own error, if "
+                 f"it left one, says why)")
     return finish("", 0)
 
 

@@ -148,6 +148,7 @@ class Trainer:
         interval_start, interval_samples, interval_steps, epoch_samples = time.perf_counter(), 0, 0, 0
         loss_sum = torch.zeros((), device=world.device)
         for images, targets in state.train_loader:
+            dist.doing(f"training step {state.step + 1}")
             phases.lap("data")
             state.images, state.targets = images, targets
             self.engine.fire(Event.AFTER_DATALOADER, state)
@@ -233,6 +234,7 @@ class Trainer:
     def evaluate(self) -> dict:
         """Top-1/top-5 over the whole val split: every sample counted once over all ranks."""
         state, world = self.state, self.world
+        dist.doing(f"the evaluation after step {state.step}")
         self.engine.fire(Event.EVAL_START, state)
         state.model.eval()
         totals = torch.zeros(4, dtype=torch.float64, device=world.device)   # top-1, top-5, loss, count
@@ -261,6 +263,7 @@ class Trainer:
         """All ranks call this: their RNG states are gathered; rank 0 writes the file and tells
         the others whether it could (RunFault on every rank if not). Rank 0 gets the path."""
         state, path, problem = self.state, None, None
+        dist.doing(f"the checkpoint of step {state.step}")
         rng_states = dist.gather_to_main(rng_state(), self.world)
         if self.world.is_main:
             counters = state.counters() | {"wall_seconds": self._wall_seconds()}
