@@ -40,8 +40,27 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def torchrun_2(run_dir: Path, overrides: list[str]) -> list[str]:
-    return [*TORCHRUN, "--standalone", "--nproc_per_node=2", str(MAIN), "--config", str(RECIPE), *overrides]
+def torchrun_2(data, run_dir: Path, common: list[str], *launcher_flags: str) -> list[str]:
+    """A 2-process torchrun of a tiny run on the `folder` backend."""
+    return [*TORCHRUN, "--standalone", "--nproc_per_node=2", *launcher_flags, str(MAIN), "--config", str(RECIPE),
+            *tiny_run(data, "folder", run_dir, *common)]
+
+
+def reference_run(data, run_dir: Path, common: list[str]) -> None:
+    """The run never stopped, that a stopped and resumed one must end equal to."""
+    subprocess.run(torchrun_2(data, run_dir, common), check=True, capture_output=True, timeout=300, cwd=ROOT)
+
+
+def assert_ends_alike(expected_dir: Path, actual_dir: Path, steps: int) -> None:
+    """Same final step, weights and momentum bitwise, same final accuracy."""
+    expected, actual = final_weights(expected_dir), final_weights(actual_dir)
+    assert expected["counters"]["step"] == actual["counters"]["step"] == steps
+    for key, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][key]), key
+    for index, buffers in expected["optimizer"]["state"].items():
+        assert torch.equal(buffers["momentum_buffer"], actual["optimizer"]["state"][index]["momentum_buffer"])
+    assert json.loads((actual_dir / "summary.json").read_text())["last_val_top1"] == \
+        json.loads((expected_dir / "summary.json").read_text())["last_val_top1"]
 
 
 def processes() -> dict[int, tuple[int, int]]:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import run_tool
-from runs import MAIN, RECIPE, ROOT, TORCHRUN, children, final_weights, read_jsonl, tiny_run, torchrun_2
+from runs import MAIN, RECIPE, ROOT, assert_ends_alike, children, read_jsonl, reference_run, tiny_run, torchrun_2
 
 SYNTHETIC = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=8",
              "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
@@ -97,12 +97,9 @@ def test_a_signal_to_torchrun_checkpoints_the_step_the_ranks_stop_at_and_resume_
     common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=3ep", "data.scale=[0.35,1]",
               "log.interval=1"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    subprocess.run(torchrun_2(straight, tiny_run(data, "folder", straight, *common)), check=True,
-                   capture_output=True, timeout=300, cwd=ROOT)
+    reference_run(data, straight, common)
 
-    command = torchrun_2(stopped, tiny_run(data, "folder", stopped, *common))
-    at = command.index("--nproc_per_node=2") + 1
-    command[at:at] = flags                      # torchrun's own options, before the script
+    command = torchrun_2(data, stopped, common, *flags)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     wait_for_step(stopped, process, 9)
     process.send_signal(stop_signal)            # to torchrun, which passes it on to its workers
@@ -118,14 +115,9 @@ def test_a_signal_to_torchrun_checkpoints_the_step_the_ranks_stop_at_and_resume_
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"-ba{step}.pt: " in resumed.stdout
-    expected, actual = final_weights(straight), final_weights(stopped)
-    assert expected["counters"]["step"] == actual["counters"]["step"] == 42
-    for key, tensor in expected["model"].items():
-        assert torch.equal(tensor, actual["model"][key]), key
+    assert_ends_alike(straight, stopped, 42)
     evals = [line["step"] for line in read_jsonl(stopped / "metrics.jsonl") if "val_top1" in line]
     assert evals == [line["step"] for line in read_jsonl(straight / "metrics.jsonl") if "val_top1" in line]
-    assert json.loads((stopped / "summary.json").read_text())["last_val_top1"] == \
-        json.loads((straight / "summary.json").read_text())["last_val_top1"]
 
 
 def test_sigusr1_stops_a_single_process_run_with_exit_code_138_after_a_checkpoint(tmp_path):
@@ -156,11 +148,9 @@ def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never
     common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=5ba", "checkpoint.keep=3",
               "data.scale=[0.35,1]"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    subprocess.run(torchrun_2(straight, tiny_run(data, "folder", straight, *common)), check=True,
-                   capture_output=True, timeout=300, cwd=ROOT)
+    reference_run(data, straight, common)
 
-    command = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1", str(MAIN), "--config",
-               str(RECIPE), *tiny_run(data, "folder", killed, *common)]
+    command = torchrun_2(data, killed, common, "--max-restarts=1")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     deadline = time.monotonic() + 240
     while not (killed / "checkpoints" / "ep1-ba10.pt").exists():
@@ -174,12 +164,7 @@ def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never
     survivor = [line for line in stderr.splitlines() if line.startswith("error: rank 0:")]
     assert len(survivor) == 1 and "a collective failed in " in survivor[0], stderr[-3000:]   # one line, no traceback
     assert "Traceback" not in stderr
-    expected, actual = final_weights(straight), final_weights(killed)
-    assert expected["counters"]["step"] == actual["counters"]["step"] == 42
-    for key, tensor in expected["model"].items():
-        assert torch.equal(tensor, actual["model"][key]), key
-    assert json.loads((killed / "summary.json").read_text())["last_val_top1"] == \
-        json.loads((straight / "summary.json").read_text())["last_val_top1"]
+    assert_ends_alike(straight, killed, 42)
 
 
 # --- unwritable and full places ---------------------------------------------------------------
