@@ -25,8 +25,8 @@ from training.distributed import World
 
 
 class RunFault(Exception):
-    """A fault met on the way (a full disk, a dead loader worker): exit code 1. Its message is
-    the one line the rank that met it prints; the other ranks carry an empty one."""
+    """A fault met on the way that every rank stops for together (rank 0 cannot write the run
+    directory): exit code 1. Its message is the one line rank 0 prints; the others carry ''."""
 
 
 class Preempted(Exception):
@@ -49,8 +49,10 @@ class Stop:
 
 
 class StopRequests:
+    """This rank's signal handlers and fault flag, and the per-step exchange that turns them
+    into one decision for all ranks."""
+
     def __init__(self, world: World):
-        self.world = world
         self._signal = 0
         self._fault = False
         self._previous = {}
@@ -75,7 +77,7 @@ class StopRequests:
         self._signal = max(self._signal, int(number))
 
     def fault(self) -> None:
-        """This rank met a fault: all ranks stop after the current step."""
+        """This rank met a fault: all ranks stop after the next step."""
         self._fault = True
 
     def agreed(self) -> Optional[Stop]:
