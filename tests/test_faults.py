@@ -242,14 +242,12 @@ def test_converters_name_an_unwritable_or_full_output_in_one_line(converter, sam
 
 
 # --- a loader worker that dies ----------------------------------------------------------------
-@pytest.mark.parametrize("backend, extra", [("folder", []),
-                                            ("webdataset", ["algorithms.randaugment={depth: 1, severity: 5}"])])
-def test_a_loader_worker_killed_mid_epoch_is_one_line_naming_the_backend_not_a_hang(
-        backend, extra, converted_sets, tmp_path):
-    data = converted_sets["fashion"][backend]
+def test_a_loader_worker_killed_mid_epoch_is_one_line_naming_the_backend_not_a_hang(converted_sets, tmp_path):
+    data = converted_sets["fashion"]["webdataset"]        # RandAugment: its Pillow work runs in workers
     run_dir = tmp_path / "run"
     process = subprocess.Popen([sys.executable, str(MAIN), "--config", str(RECIPE),
-                                *tiny_run(data, backend, run_dir, "max_duration=50ep", "log.interval=1", *extra)],
+                                *tiny_run(data, "webdataset", run_dir, "max_duration=50ep", "log.interval=1",
+                                          "algorithms.randaugment={depth: 1, severity: 5}")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     wait_for_step(run_dir, process, 2)
     workers = children(process.pid)
@@ -258,4 +256,22 @@ def test_a_loader_worker_killed_mid_epoch_is_one_line_naming_the_backend_not_a_h
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1
     line = one_error_line(stderr)
-    assert f"error: rank 0: {backend} loader" in line and "out-of-memory killer" in line, line
+    assert "error: rank 0: webdataset loader" in line and "out-of-memory killer" in line, line
+
+
+def test_a_loader_worker_killed_under_max_restarts_is_one_line_then_the_run_goes_on(converted_sets, tmp_path):
+    run_dir = tmp_path / "run"
+    command = torchrun_2(converted_sets["fashion"]["folder"], run_dir,
+                         ["max_duration=6ep", "checkpoint.interval=5ba", "log.interval=1"], "--max-restarts=1")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "ep0-ba5.pt").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before a worker was killed"
+        time.sleep(0.02)
+    rank0 = next(pid for pid in children(process.pid) if rank_of(pid) == 0)
+    os.kill(children(rank0)[0], signal.SIGKILL)          # rank 0's DataLoader worker
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("error: rank 0: folder loader")]
+    assert len(lines) == 1 and "out-of-memory killer" in lines[0], stderr[-3000:]
+    assert "resumed from" in stdout and json.loads((run_dir / "summary.json").read_text())["epochs"] == 6
