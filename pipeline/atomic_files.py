@@ -20,6 +20,16 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def check_writable(folder: Path) -> None:
+    """Make `folder` if needed and create and remove an empty file in it: OSError if this process
+    cannot write there (permission, read-only, a file in the way). An empty file needs no space,
+    so a full disk passes here and is met, as a fault, where it fills."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-probe-{os.getpid()}"
+    probe.touch()
+    probe.unlink()
+
+
 def write_bytes_atomic(path: Path, data: bytes, durable: bool = True) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -78,6 +79,24 @@ def processes() -> dict[int, tuple[int, int]]:
 def children(pid: int) -> list[int]:
     """The child processes of `pid`, oldest first."""
     return [child for _, child in sorted((info[1], child) for child, info in processes().items() if info[0] == pid)]
+
+
+def rank_of(pid: int) -> int | None:
+    """The torchrun rank of a worker process (its RANK variable), None for any other."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(v[5:]) for v in environ if v.startswith(b"RANK=")), None)
+
+
+def wait_until(done, process: subprocess.Popen, what: str, seconds: float = 240) -> None:
+    """Poll `done()` while `process` runs; fail if it ends first or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert process.poll() is None, f"the run ended (exit {process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        time.sleep(0.02)
 
 
 def kill_tree(pid: int) -> None:

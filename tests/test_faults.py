@@ -11,14 +11,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import run_tool
-from runs import MAIN, RECIPE, ROOT, assert_ends_alike, children, read_jsonl, reference_run, tiny_run, torchrun_2
+from runs import MAIN, RECIPE, ROOT, assert_ends_alike, children, rank_of, read_jsonl, reference_run, tiny_run, \
+    torchrun_2, wait_until
 
 SYNTHETIC = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=8",
              "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
@@ -70,16 +70,13 @@ def the_error_line(stderr: str) -> str:
     return errors[0]
 
 
-def wait_for_step(run_dir: Path, process: subprocess.Popen, step: int, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
+def wait_for_step(run_dir: Path, process: subprocess.Popen, step: int) -> None:
     metrics = run_dir / "metrics.jsonl"
-    while True:
+
+    def reached() -> bool:
         lines = metrics.read_text().splitlines() if metrics.exists() else []
-        if any(json.loads(line).get("step", 0) >= step for line in lines if line.endswith("}")):
-            return
-        assert process.poll() is None, f"the run ended (exit {process.returncode}) before step {step}"
-        assert time.monotonic() < deadline, f"no step {step} within {seconds} s"
-        time.sleep(0.02)
+        return any(json.loads(line).get("step", 0) >= step for line in lines if line.endswith("}"))
+    wait_until(reached, process, f"step {step}", seconds=120)
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
@@ -135,14 +132,6 @@ def test_sigusr1_stops_a_single_process_run_with_exit_code_138_after_a_checkpoin
 
 
 # --- a worker killed under torchrun's restarts -------------------------------------------------
-def rank_of(pid: int) -> int | None:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    return next((int(v[5:]) for v in environ if v.startswith(b"RANK=")), None)
-
-
 def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never_stopped(converted_sets, tmp_path):
     data = converted_sets["fashion"]["folder"]
     common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=5ba", "checkpoint.keep=3",
@@ -152,10 +141,7 @@ def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never
 
     command = torchrun_2(data, killed, common, "--max-restarts=1")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    deadline = time.monotonic() + 240
-    while not (killed / "checkpoints" / "ep1-ba10.pt").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
-        time.sleep(0.02)
+    wait_until((killed / "checkpoints" / "ep1-ba10.pt").exists, process, "checkpoint ep1-ba10.pt")
     rank1 = next(pid for pid in children(process.pid) if rank_of(pid) == 1)
     os.kill(rank1, signal.SIGKILL)
     stdout, stderr = process.communicate(timeout=300)
@@ -264,10 +250,7 @@ def test_a_loader_worker_killed_under_max_restarts_is_one_line_then_the_run_goes
     command = torchrun_2(converted_sets["fashion"]["folder"], run_dir,
                          ["max_duration=6ep", "checkpoint.interval=5ba", "log.interval=1"], "--max-restarts=1")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    deadline = time.monotonic() + 240
-    while not (run_dir / "checkpoints" / "ep0-ba5.pt").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended before a worker was killed"
-        time.sleep(0.02)
+    wait_until((run_dir / "checkpoints" / "ep0-ba5.pt").exists, process, "checkpoint ep0-ba5.pt")
     rank0 = next(pid for pid in children(process.pid) if rank_of(pid) == 0)
     os.kill(children(rank0)[0], signal.SIGKILL)          # rank 0's DataLoader worker
     stdout, stderr = process.communicate(timeout=300)

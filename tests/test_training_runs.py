@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 
 import pytest
 import yaml
 
 from runs import MAIN, RECIPE, ROOT, TORCHRUN, assert_ends_alike, free_port, kill_tree, main_py, read_jsonl, \
-    reference_run, tiny_run, torchrun_2
+    reference_run, tiny_run, torchrun_2, wait_until
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -77,10 +76,7 @@ def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(converted_sets, tmp_pa
     command = torchrun_2(data, killed, common)
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
                                start_new_session=True)
-    deadline = time.monotonic() + 240
-    while not (killed / "checkpoints" / "ep1-ba10.pt").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
-        time.sleep(0.05)
+    wait_until((killed / "checkpoints" / "ep1-ba10.pt").exists, process, "checkpoint ep1-ba10.pt")
     kill_tree(process.pid)                                       # torchrun and both workers, no clean-up
     process.wait()
     assert not (killed / "summary.json").exists()

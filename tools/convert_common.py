@@ -28,7 +28,7 @@ from PIL import Image, ImageFile, ImageOps
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+from pipeline.atomic_files import check_writable, write_bytes_atomic  # noqa: E402
 from pipeline.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split  # noqa: E402
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is a skip, never half an image
@@ -262,7 +262,7 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
     params = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items())
               if k not in ("src", "out", "force")}
     output_params = {k: v for k, v in params.items() if k not in NON_OUTPUT_PARAMS}
-    check_writable(out)
+    check_out_folder(out)
     manifest_path = out / MANIFEST
     previous = read_manifest(manifest_path)
     kept: dict[str, dict] = {}
@@ -320,16 +320,12 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
     return 1 if args.strict and any(splits[s]["skipped"] for s in args.splits) else 0
 
 
-def check_writable(out: Path) -> None:
-    """OUT is, or can be made, a folder this process can create files in (an empty file is made
-    and removed, so a full disk passes here and is met, as a fault, where it fills)."""
+def check_out_folder(out: Path) -> None:
+    """OUT is, or can be made, a folder this process can write in; else a ConversionError."""
     if out.exists() and not out.is_dir():
         raise ConversionError(f"{out}: exists and is not a folder; OUT must be a folder, new or from an earlier run")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-probe-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
+        check_writable(out)
     except OSError as error:
         raise ConversionError(f"{out}: cannot write there ({describe_os_error(error)})") from None
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
-from pipeline.atomic_files import write_bytes_atomic
+from pipeline.atomic_files import check_writable, write_bytes_atomic
 
 
 class RunLog:
@@ -44,10 +44,7 @@ class RunLog:
         if not self.active:
             return
         for folder in (self.run_dir, self.run_dir / "checkpoints"):
-            folder.mkdir(parents=True, exist_ok=True)
-            probe = folder / f".write-probe-{os.getpid()}"
-            probe.touch()
-            probe.unlink()
+            check_writable(folder)
         if self._tensorboard_wanted:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -72,23 +69,20 @@ class RunLog:
     def metrics(self, record: dict) -> None:
         if not self.active or self.fault:
             return
-        line = (json.dumps(record) + "\n").encode()
+        line, fd, whole = (json.dumps(record) + "\n").encode(), None, None
         try:
             fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            whole = os.lseek(fd, 0, os.SEEK_END)
+            if os.write(fd, line) != len(line):              # a short write: the disk filled
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.metrics_path))
         except OSError as error:
+            if whole is not None:
+                os.ftruncate(fd, whole)          # no torn line that a reader could take for a record
             self.fault = cannot_write(error, self.metrics_path)
             return
-        try:
-            whole = os.lseek(fd, 0, os.SEEK_END)
-            try:
-                if os.write(fd, line) != len(line):
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.metrics_path))   # a short write: the disk filled
-            except OSError as error:
-                os.ftruncate(fd, whole)            # no torn line that a reader could take for a record
-                self.fault = cannot_write(error, self.metrics_path)
-                return
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         if self._tensorboard:
             for key, value in record.items():
                 if key not in ("epoch", "step") and isinstance(value, (int, float)):
