@@ -70,6 +70,13 @@ fi
 
 # --- virtual environment -----------------------------------------------------------------
 if [[ ! -x "$PY" ]]; then
+    # pip unpacks torch and DALI under TMPDIR and installs them here: about 2.5 GB in the
+    # venv, more while it works. Fail now with the place named, not half-way with Errno 28.
+    for place in "$ROOT" "${TMPDIR:-/tmp}"; do
+        free_mb=$(df --output=avail -BM "$place" | tail -1 | tr -dc 0-9)
+        ((free_mb >= 3500)) ||
+            die "only ${free_mb} MB free on $place; the set-up needs about 3.5 GB (the venv, and pip's unpacking under TMPDIR): free some space, or set TMPDIR to a roomier folder"
+    done
     say "creating $VENV"
     "$PYTHON" -m venv "$VENV"
 fi
