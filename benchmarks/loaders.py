@@ -7,8 +7,12 @@ bound and the loaders users write from FFCV's and DALI's examples.
 
 Data: the raw ImageNet-layout `--source` and its conversions, made (once; the converters skip
 an up-to-date output) under `--cache`:
-- `wds`: tools/convert_wds.py, max side 512, which keeps the photo sample's sizes, so JPEGs
-  are stored as they are: folder, webdataset, dali and the decode bound read the same bytes;
+- `wds`: tools/convert_wds.py, max side 512, which keeps the photo sample's sizes: the same
+  pixels as the photos, rewritten losslessly with a restart marker after every MCU
+  (webdataset, dali and the decode bound read it; the bound is also taken without the markers,
+  and is the faster of the two);
+- `wds-plain`: the same with --no-restart-markers, the photos' own bytes (`webdataset-plain`:
+  the engine where it must entropy-decode every MCU above and beside a crop);
 - `ffcv`: tools/convert_ffcv.py --write-mode jpg, max side 512: the same pixels, re-encoded
   at quality 90 (FFCV always re-encodes);
 - `ffcv-proportion`: FFCV's recommended storage, half the images as raw pixels and half as
@@ -44,6 +48,7 @@ from benchmarks.hardware import RESULTS, append_results, signature  # noqa: E402
 # name -> (how it is built, the data form it reads)
 CONFIGURATIONS = {
     "folder": ("folder", "raw"), "webdataset": ("webdataset", "wds"), "webdataset-pillow": ("webdataset", "wds"),
+    "webdataset-plain": ("webdataset", "wds-plain"),
     "ffcv": ("ffcv", "ffcv"),
     "ffcv-proportion": ("ffcv", "ffcv-proportion"), "ffcv-bare": ("ffcv-bare", "ffcv"),
     "dali-folder": ("dali", "raw"), "dali-wds": ("dali", "wds"), "dali-bare": ("dali-bare", "wds"),
@@ -54,6 +59,8 @@ BOUNDS = ("decode_bound", "gpu_decode_bound")
 # form -> (converter, its options, how `dataset` describes it)
 CONVERSIONS = {
     "wds": ("convert_wds.py", ["--max-resolution", "512"], "wds, max side 512 (photos kept at their size)"),
+    "wds-plain": ("convert_wds.py", ["--max-resolution", "512", "--no-restart-markers"],
+                  "wds, max side 512, no restart markers (the photos' own bytes)"),
     "ffcv": ("convert_ffcv.py", ["--write-mode", "jpg", "--max-resolution", "512"],
              "ffcv jpg q90, max side 512 (same pixels, re-encoded)"),
     "ffcv-proportion": ("convert_ffcv.py", ["--write-mode", "proportion", "--compress-probability", "0.5",
@@ -163,7 +170,7 @@ def main() -> int:
     parser.add_argument("--source", type=Path, default=ROOT / "data" / "sample" / "photos",
                         help="ImageNet-layout folder (make demo writes data/sample/photos)")
     parser.add_argument("--cache", type=Path, default=ROOT / "data" / "bench", help="where conversions are kept")
-    parser.add_argument("--backends", default="decode_bound,gpu_decode_bound,folder,webdataset,webdataset-pillow,ffcv,ffcv-proportion,"
+    parser.add_argument("--backends", default="decode_bound,gpu_decode_bound,folder,webdataset,webdataset-plain,webdataset-pillow,ffcv,ffcv-proportion,"
                         "ffcv-bare,dali-folder,dali-wds,dali-bare",
                         help="comma-separated: " + ", ".join([*BOUNDS, *CONFIGURATIONS]))
     parser.add_argument("--splits", default="train,val")

@@ -8,7 +8,9 @@
  *           on the thread count, and every backend crops alike);
  *   decode  only the crop's rows and iMCU columns (jpeg_skip_scanlines, jpeg_crop_scanline,
  *           the rows below never decoded), at the smallest allowed DCT scale M/8 that still
- *           leaves the crop at least `oversample` x the target side;
+ *           leaves the crop at least `oversample` x the target side; a JPEG with a restart
+ *           marker after every MCU (convert_wds.py's) is first cut down to the MCUs under the
+ *           crop (jpeg_restarts.h), so the MCUs above and beside it are not even Huffman-decoded;
  *   resize  to side x side with Pillow's antialiased bilinear filter (separable, 22-bit fixed
  *           point weights, a uint8 intermediate: Pillow's pixels within 1 or 2);
  *   write   flipped and ColOut'ed (kept rows and columns given by Python) as RGB into the
@@ -29,6 +31,7 @@
 #include <unistd.h>
 #include <jpeglib.h>
 #include "jpeg_errors.h"
+#include "jpeg_restarts.h"
 #ifdef __SSE4_1__
 #include <immintrin.h>
 #endif
@@ -38,6 +41,7 @@
 
 typedef struct {
     int count, side, out_rows, out_cols, train, threads, oversample_x100;
+    int restarts;                                 /* 1: enter JPEGs with a marker per MCU at the crop */
     unsigned scale_mask;                          /* bit M set: DCT scale M/8 allowed (M = 1..16) */
     double scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, val_crop_ratio;
     const int *fds;
@@ -68,6 +72,9 @@ typedef struct {                                  /* one thread's decoder and gr
     unsigned char *bytes, *region, *rows, *rgb;   /* rgb: one output row before normalizing */
     float *row_scale, *row_offset;                  /* the normalization constants along a row */
     size_t bytes_size, region_size, rows_size;
+    restart_index restarts;
+    unsigned char *cut;                           /* the JPEG of the crop's MCUs (jpeg_restarts.h) */
+    size_t cut_size;
     axis_weights across, down;
 } worker;
 
@@ -302,6 +309,13 @@ static void read_sample(worker *self, const batch_job *job, int i, long long *im
     *image_offset = job->image_at[i] - first;
 }
 
+static void read_header(worker *self, const unsigned char *jpeg, size_t size) {
+    jpeg_mem_src(&self->info, jpeg, (unsigned long)size);
+    jpeg_read_header(&self->info, TRUE);
+    if (self->info.jpeg_color_space == JCS_CMYK || self->info.jpeg_color_space == JCS_YCCK)
+        refuse(&self->errors, "CMYK JPEG (not decoded here)");
+}
+
 static void make_sample(worker *self, batch_job *job, int i) {
     struct jpeg_decompress_struct *info = &self->info;
     double *seconds = job->stage_seconds + (long)i * STAGES, started = now();
@@ -309,19 +323,24 @@ static void make_sample(worker *self, batch_job *job, int i) {
     read_sample(self, job, i, &image_offset);
     double read_done = now();
     seconds[0] = read_done - started;
-    jpeg_mem_src(info, self->bytes + image_offset, (unsigned long)job->image_size[i]);
-    jpeg_read_header(info, TRUE);
-    if (info->jpeg_color_space == JCS_CMYK || info->jpeg_color_space == JCS_YCCK)
-        refuse(&self->errors, "CMYK JPEG (not decoded here)");
-    int width = (int)info->image_width, height = (int)info->image_height, box[4], flip;
+    const unsigned char *jpeg = self->bytes + image_offset;
+    size_t jpeg_size = (size_t)job->image_size[i];
+    int indexed = job->restarts && restart_index_build(&self->restarts, jpeg, jpeg_size);
+    int width, height;
+    if (indexed) {
+        width = self->restarts.width;
+        height = self->restarts.height;
+    } else {
+        read_header(self, jpeg, jpeg_size);
+        width = (int)info->image_width;
+        height = (int)info->image_height;
+    }
+    int box[4], flip;
     crop_box(job, i, height, width, box, &flip);
     int m = pick_scale(job, box[2], box[3]);
     job->scale_used[i] = m;
-    info->out_color_space = JCS_EXT_RGBX;
-    info->scale_num = (unsigned)m;
-    info->scale_denom = 8;
-    jpeg_start_decompress(info);
-    int scaled_width = (int)info->output_width, scaled_height = (int)info->output_height;
+    /* libjpeg's output size at scale m/8 (jdiv_round_up in jpeg_core_output_dimensions) */
+    int scaled_width = (width * m + 7) / 8, scaled_height = (height * m + 7) / 8;
     double x_scale = (double)scaled_width / width, y_scale = (double)scaled_height / height;
     double x0 = box[1] * x_scale, y0 = box[0] * y_scale;
     double x1 = (box[1] + box[3]) * x_scale, y1 = (box[0] + box[2]) * y_scale;
@@ -335,6 +354,32 @@ static void make_sample(worker *self, batch_job *job, int i) {
     if (col0 < 0) col0 = 0;
     if (row1 > scaled_height) row1 = scaled_height;
     if (col1 > scaled_width) col1 = scaled_width;
+    if (indexed && (row1 - row0) * (col1 - col0) < scaled_height * scaled_width) {
+        /* Only the MCUs under rows [row0, row1) and columns [col0, col1), cut out as a JPEG
+         * of their own (coordinates move with its corner). Pixels at a cut edge differ from the
+         * whole image's (chroma upsampling reads 1 pixel across an MCU edge), but the margin
+         * above keeps what the filter reads 2 pixels inside the region, as for
+         * jpeg_crop_scanline's edges. */
+        const restart_index *index = &self->restarts;
+        int mcu_rows = index->mcu_height * m / 8, mcu_cols = index->mcu_width * m / 8;
+        int top = row0 / mcu_rows, bottom = (row1 + mcu_rows - 1) / mcu_rows;
+        int left = col0 / mcu_cols, right = (col1 + mcu_cols - 1) / mcu_cols;
+        if (bottom > index->mcus_down) bottom = index->mcus_down;
+        if (right > index->mcus_across) right = index->mcus_across;
+        self->cut = grow(self->cut, &self->cut_size, restart_region_size(index, top, bottom, left, right), &self->errors);
+        int cut_width, cut_height;
+        restart_region_write(index, jpeg, top, bottom, left, right, self->cut, &cut_width, &cut_height);
+        read_header(self, self->cut, restart_region_size(index, top, bottom, left, right));
+        int dy = top * mcu_rows, dx = left * mcu_cols;
+        y0 -= dy; y1 -= dy; row0 -= dy; row1 -= dy;
+        x0 -= dx; x1 -= dx; col0 -= dx; col1 -= dx;
+    } else if (indexed) {
+        read_header(self, jpeg, jpeg_size);    /* the crop needs (nearly) every MCU: decoded whole */
+    }
+    info->out_color_space = JCS_EXT_RGBX;
+    info->scale_num = (unsigned)m;
+    info->scale_denom = 8;
+    jpeg_start_decompress(info);
     JDIMENSION first_col = (JDIMENSION)col0, region_width = (JDIMENSION)(col1 - col0);
     if (region_width < info->output_width) jpeg_crop_scanline(info, &first_col, &region_width);
     int rows = row1 - row0;
@@ -392,7 +437,8 @@ static void *work(void *argument) {
         job->status[i] = 0;
     }
     jpeg_destroy_decompress(&self.info);
-    free(self.bytes); free(self.region); free(self.rows); free(self.rgb); free(self.row_scale); free(self.row_offset);
+    restart_index_free(&self.restarts);
+    free(self.cut); free(self.bytes); free(self.region); free(self.rows); free(self.rgb); free(self.row_scale); free(self.row_offset);
     free(self.across.bounds); free(self.across.coefficients); free(self.down.bounds); free(self.down.coefficients);
     return NULL;
 }

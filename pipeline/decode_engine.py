@@ -42,7 +42,7 @@ class _BatchJob(ctypes.Structure):
     """decode_engine.c's batch_job, field for field."""
     _fields_ = [("count", ctypes.c_int), ("side", ctypes.c_int), ("out_rows", ctypes.c_int),
                 ("out_cols", ctypes.c_int), ("train", ctypes.c_int), ("threads", ctypes.c_int),
-                ("oversample_x100", ctypes.c_int), ("scale_mask", ctypes.c_uint),
+                ("oversample_x100", ctypes.c_int), ("restarts", ctypes.c_int), ("scale_mask", ctypes.c_uint),
                 ("scale_lo", ctypes.c_double), ("scale_hi", ctypes.c_double), ("log_ratio_lo", ctypes.c_double),
                 ("log_ratio_hi", ctypes.c_double), ("val_crop_ratio", ctypes.c_double),
                 ("fds", _p), ("image_at", _p), ("image_size", _p), ("label_at", _p),
@@ -97,9 +97,11 @@ def out_shape(spec: LoaderSpec, side: int) -> tuple[int, int]:
 
 def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int, out: np.ndarray,
                  threads: int, scales=ALLOWED_SCALES, oversample: float = OVERSAMPLE,
-                 library: ctypes.CDLL | None = None) -> DecodedBatch:
+                 library: ctypes.CDLL | None = None, restarts: bool = True) -> DecodedBatch:
     """Makes len(samples.sample_ids) images into out[:count], an (N, rows, cols, 3) C-ordered
-    array: uint8 pixels, or float32 normalized with spec.mean and spec.std."""
+    array: uint8 pixels, or float32 normalized with spec.mean and spec.std. With `restarts`,
+    a JPEG with a restart marker after every MCU is entropy-decoded only around its crop
+    (jpeg_restarts.h: the same pixels; False decodes every MCU above and beside it too)."""
     started = time.thread_time()
     count = len(samples.sample_ids)
     rows, cols = out_shape(spec, side)
@@ -123,7 +125,7 @@ def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int
         keep_rows = np.array([r for r, _ in kept], np.int32).reshape(count, rows)
         keep_cols = np.array([c for _, c in kept], np.int32).reshape(count, cols)
     job = _job(spec, side, uniforms, count=count, out_rows=rows, out_cols=cols, threads=max(1, threads),
-               oversample_x100=round(100 * oversample), scale_mask=sum(1 << m for m in scales),
+               oversample_x100=round(100 * oversample), restarts=int(restarts), scale_mask=sum(1 << m for m in scales),
                scale=(ctypes.c_float * 3)(*(1 / std)), offset=(ctypes.c_float * 3)(*(-np.asarray(spec.mean) / spec.std)),
                out_float=out.ctypes.data if normalized else None,
                keep_rows=keep_rows.ctypes.data if keep_rows is not None else None,

@@ -4,9 +4,11 @@
  * Rows above the crop are skipped with jpeg_skip_scanlines (entropy decoding only, no IDCT,
  * upsampling or colour conversion), rows below it are never decoded (the decompressor is
  * aborted), and columns outside it are left out with jpeg_crop_scanline, which widens the
- * region to whole iMCUs. Built and loaded by pipeline/jpeg_roi.py (ctypes); libjpeg's errors
+ * region to whole iMCUs. jpeg_roi_transcode prepares a stored JPEG for the decode engine's
+ * cut at the crop (jpeg_restarts.h). Built and loaded by pipeline/jpeg_roi.py (ctypes); libjpeg's errors
  * and warnings make the call fail with a message (jpeg_errors.h).
  */
+#include <stdlib.h>
 #include <string.h>
 #include "jpeg_errors.h"
 
@@ -78,3 +80,42 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
     jpeg_destroy_decompress(&info);
     return 0;
 }
+
+/* `data` rewritten losslessly (the same DCT coefficients, so the same pixels) as one baseline
+ * scan with optimized Huffman tables and a restart marker every `restart_interval` MCUs (0:
+ * none). Every MCU is the layout jpeg_restarts.h can cut anywhere. `*out` (malloc'ed, free
+ * with jpeg_roi_free) holds `*out_size` bytes. 0 on success, -1 with `message` set on failure. */
+int jpeg_roi_transcode(const unsigned char *data, unsigned long size, int restart_interval, unsigned char **out,
+                       unsigned long *out_size, char *message, int message_size) {
+    struct jpeg_decompress_struct source;
+    struct jpeg_compress_struct target;
+    error_manager errors;
+    *out = NULL;
+    *out_size = 0;
+    jpeg_errors_start(&source, &errors, message, message_size);
+    target.err = source.err;
+    if (setjmp(errors.escape)) {
+        jpeg_destroy_compress(&target);
+        jpeg_destroy_decompress(&source);
+        free(*out);
+        *out = NULL;
+        return -1;
+    }
+    jpeg_create_decompress(&source);
+    jpeg_create_compress(&target);
+    jpeg_mem_src(&source, data, size);
+    jpeg_read_header(&source, TRUE);
+    jvirt_barray_ptr *coefficients = jpeg_read_coefficients(&source);
+    jpeg_copy_critical_parameters(&source, &target);
+    target.restart_interval = (unsigned)restart_interval;
+    target.optimize_coding = TRUE;
+    jpeg_mem_dest(&target, out, out_size);
+    jpeg_write_coefficients(&target, coefficients);
+    jpeg_finish_compress(&target);
+    jpeg_finish_decompress(&source);
+    jpeg_destroy_compress(&target);
+    jpeg_destroy_decompress(&source);
+    return 0;
+}
+
+void jpeg_roi_free(void *pointer) { free(pointer); }

@@ -37,7 +37,10 @@ def test_loaders_benchmark_rows(sample_sets, tmp_path):
     stages = rows["webdataset"]["engine_us_per_image"]          # where the engine's time went
     assert set(stages) == {"read", "decode", "resize", "python"} and stages["decode"] > 0 and stages["resize"] > 0
     assert "engine, CPU us per image: read" in result.stdout
-    assert rows["decode_bound"]["images_per_epoch"] == 92 and rows["decode_bound"]["decoder"] in ("simplejpeg", "jpeg_roi")
+    bound_row = rows["decode_bound"]
+    assert bound_row["images_per_epoch"] == 92 and set(bound_row["by_decoder"]) == {
+        f"{decoder}, {form}" for decoder in ("simplejpeg", "jpeg_roi") for form in ("stored", "no markers")}
+    assert bound_row["decoder"] in bound_row["by_decoder"] and bound_row["img_per_s"] == max(bound_row["by_decoder"].values())
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA answer")

@@ -154,6 +154,27 @@ def test_wds_output_has_the_expected_images_and_labels(bad_source, converted):
     assert top[0] > 200 > top[2] and bottom[2] > 200 > bottom[0], "EXIF rotation not applied"
 
 
+def test_wds_stores_the_source_pixels_with_a_restart_marker_per_mcu(bad_source, converted, tmp_path):
+    """Every JPEG gets the markers (lossless: a JPEG kept as it is decodes to the source's
+    pixels); --no-restart-markers stores the source's own bytes."""
+    root, _, _ = bad_source
+    _, out = converted["convert_wds.py"]
+    manifest = read_manifest(out)
+    assert all(record["restart_markers"] == record["count"] for record in manifest["splits"].values())
+    source = (root / "val/apple/v1.JPEG").read_bytes()
+    stored = [s["__key__"] for s in wds_samples(out / "val")]
+    import webdataset as wds
+    raw = next(iter(wds.WebDataset(str(out / "val/shard-000000.tar"), shardshuffle=False, empty_check=False)))
+    assert raw["__key__"] == stored[0] and raw["jpg"] != source and raw["jpg"].count(b"\xff\xd0")
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(raw["jpg"]))), np.asarray(Image.open(io.BytesIO(source))))
+
+    plain = tmp_path / "plain"
+    run_tool("convert_wds.py", root, plain, "--splits", "val", "--no-restart-markers", check=True)
+    assert read_manifest(plain)["splits"]["val"]["restart_markers"] == 0
+    raw = next(iter(wds.WebDataset(str(plain / "val/shard-000000.tar"), shardshuffle=False, empty_check=False)))
+    assert raw["jpg"] == source
+
+
 @pytest.mark.parametrize("script", CONVERTERS)
 def test_strict_fails_when_anything_was_skipped(script, bad_source, tmp_path):
     root, _, _ = bad_source
@@ -313,8 +334,8 @@ def test_sample_sets_read_back_with_ffcv_webdataset_and_dali(sample_sets, conver
                 original = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in sources]).astype(np.float32)
                 assert stored.shape == original.shape
                 assert np.abs(stored - original).mean() < 4.0
-                # Untouched JPEGs go into the shards byte for byte.
-                source_bytes = {p.read_bytes() for p in sources}
+                # Untouched JPEGs go into the shards with the source's pixels (restart markers added losslessly).
+                source_pixels = {np.asarray(Image.open(p)).tobytes() for p in sources}
                 import webdataset as wds
                 raw = wds.WebDataset([str(p) for p in sorted((wds_out / split).glob("*.tar"))], shardshuffle=False)
-                assert {s["jpg"] for s in raw} == source_bytes
+                assert {np.asarray(Image.open(io.BytesIO(s["jpg"]))).tobytes() for s in raw} == source_pixels

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline import LoaderSpec, build_loader, decode_engine
+from pipeline import LoaderSpec, build_loader, decode_engine, jpeg_roi
 from pipeline.backends.webdataset import StoredShards
 from pipeline.colout import kept_indices, sample_generator
 from pipeline.crops import center_crop, sample_uniforms, train_crop
@@ -110,13 +110,9 @@ def test_colout_and_flip_land_where_the_python_forms_put_them(stored):
         assert np.array_equal(cut[i], whole[i][rows][:, cols])     # whole[i] is already flipped where drawn
 
 
-def test_damaged_and_cmyk_samples_are_reported_not_decoded(stored, tmp_path):
-    samples, jpegs = stored
-    good = jpegs[0]
-    cmyk = io.BytesIO()
-    Image.open(io.BytesIO(good)).convert("CMYK").save(cmyk, "JPEG")
-    pieces = [good, good[:len(good) // 2], b"not a jpeg", cmyk.getvalue()]
-    path = tmp_path / "mixed.bin"
+def decode_pieces(pieces: list[bytes], path, spec, side, **options):
+    """The engine run on `pieces` (JPEG bytes, or anything), stored one after another in `path`
+    as a shard stores them, each followed by the label 7."""
     label = (7).to_bytes(4, "little")
     offsets, blob = [], b""
     for piece in pieces:
@@ -125,16 +121,71 @@ def test_damaged_and_cmyk_samples_are_reported_not_decoded(stored, tmp_path):
     path.write_bytes(blob)
     fd = os.open(path, os.O_RDONLY)
     try:
-        at = np.array(offsets)
-        size = np.array([len(p) for p in pieces])
-        found = decode_engine.StoredSamples(np.arange(4), np.full(4, fd), at, size, at + size)
-        out, decoded = decode(found, LoaderSpec("webdataset", path="unused", split="val"), 32)
+        at, size = np.array(offsets), np.array([len(p) for p in pieces])
+        return decode(decode_engine.StoredSamples(np.arange(len(pieces)), np.full(len(pieces), fd), at, size, at + size),
+                      spec, side, **options)
     finally:
         os.close(fd)
+
+
+def test_damaged_and_cmyk_samples_are_reported_not_decoded(stored, tmp_path):
+    samples, jpegs = stored
+    good = jpegs[0]
+    cmyk = io.BytesIO()
+    Image.open(io.BytesIO(good)).convert("CMYK").save(cmyk, "JPEG")
+    pieces = [good, good[:len(good) // 2], b"not a jpeg", cmyk.getvalue()]
+    out, decoded = decode_pieces(pieces, tmp_path / "mixed.bin", LoaderSpec("webdataset", path="unused", split="val"), 32)
     assert list(decoded.labels) == [7, 7, 7, 7]
     messages = dict(decoded.failed)
     assert sorted(messages) == [1, 2, 3] and "CMYK" in messages[3] and messages[1] and messages[2]
     assert out[0].std() > 0
+
+
+def restart_layouts(jpegs: list[bytes]) -> list[bytes]:
+    """Stored photos re-encoded in other layouts (4:4:4, 4:2:2, grey, odd sizes), each with a
+    restart marker after every MCU, and one progressive JPEG without (decoded whole)."""
+    layouts = []
+    for k, data in enumerate(jpegs):
+        image = Image.open(io.BytesIO(data))
+        if k % 4 == 1:
+            image = image.convert("L")
+        if k % 4 == 2:
+            image = image.crop((3, 5, image.width - 7, image.height - 2))
+        out = io.BytesIO()
+        image.save(out, "JPEG", quality=85, subsampling=(0, 1, 2, 2)[k % 4], progressive=k == 3)
+        layouts.append(out.getvalue() if k == 3 else jpeg_roi.transcode(out.getvalue()))
+    return layouts
+
+
+@pytest.mark.parametrize("split,side", [("train", 32), ("train", 96), ("train", 160), ("val", 128)])
+def test_restart_markers_change_no_pixel(stored, split, side, tmp_path):
+    """JPEGs with a restart marker after every MCU (what convert_wds.py stores) are cut down to
+    the MCUs under the crop before the decode (jpeg_restarts.h): the very same pixels as the
+    decode that enters at the top, at every DCT scale, and as the photos' own bytes give."""
+    samples, jpegs = stored
+    assert all(data.count(b"\xff\xd0") for data in jpegs[:48])       # stored with the markers
+    spec = LoaderSpec("webdataset", path="unused", split=split, seed=side)
+    pieces = jpegs[:48] + restart_layouts(jpegs[48:64])
+    plain = [jpeg_roi.transcode(data, restart_markers=False) for data in jpegs[:48]]
+    for scales in ((1, 2, 4, 8), (8,), tuple(range(1, 9))):
+        cut, decoded = decode_pieces(pieces, tmp_path / "marked.bin", spec, side, scales=scales)
+        whole, _ = decode_pieces(pieces, tmp_path / "marked.bin", spec, side, scales=scales, restarts=False)
+        unmarked, _ = decode_pieces(plain, tmp_path / "plain.bin", spec, side, scales=scales)
+        assert not decoded.failed
+        assert np.array_equal(cut, whole), scales
+        assert np.array_equal(cut[:48], unmarked), scales
+
+
+def test_restart_markers_are_lossless_and_one_per_mcu(stored):
+    _, jpegs = stored
+    for data in jpegs[:10]:
+        marked = jpeg_roi.transcode(data)
+        width, height = Image.open(io.BytesIO(data)).size
+        mcus = -(-width // 16) * -(-height // 16)                    # the photos are 4:2:0
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(marked))), np.asarray(Image.open(io.BytesIO(data))))
+        assert sum(marked.count(bytes([0xFF, 0xD0 + k])) for k in range(8)) == mcus - 1
+    with pytest.raises(jpeg_roi.JPEGError):
+        jpeg_roi.transcode(jpegs[0][:len(jpegs[0]) // 2])
 
 
 @pytest.mark.timeout(240)

@@ -11,13 +11,16 @@ would break its batches). The manifest's `members` names them for the loaders.
 Resize semantics are the FFCV converter's (longest side at most --max-resolution, OpenCV's
 INTER_AREA, FFCV's size rounding). An RGB JPEG that needs no resize and no EXIF rotation
 is stored as it is, without a lossy re-encode; anything else is re-encoded at
---jpeg-quality. Train samples are written in a seeded random order, because WebDataset
+--jpeg-quality. Either way it is then rewritten losslessly with a restart marker after every
+MCU (the same pixels, a few % more bytes; --no-restart-markers stores it without): the
+decode engine then decodes only the MCUs under a crop (pipeline/jpeg_restarts.h). Train samples are written in a seeded random order, because WebDataset
 readers only shuffle shards and a buffer; val stays in folder order. DALI's index files
 (`wds2idx` format) are written beside the shards. Tars are deterministic: the same input
 and options give the same bytes.
 """
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import shutil
@@ -34,6 +37,7 @@ from pipeline.atomic_files import fsync_path, replace_atomically  # noqa: E402
 from convert_common import (ConversionError, SplitResult, common_parser, describe_failure, encode_jpeg,  # noqa: E402
                             load_rgb, main_guard, open_image, parallel_map, probe, run_conversion, usable_as_is)
 from pipeline.imagefolder import Sample, Skipped  # noqa: E402
+from pipeline.jpeg_roi import JPEGError, transcode  # noqa: E402
 
 MEMBERS = {"image": "jpg", "label": "cls", "label_int32": "lbl"}
 SHARD_PATTERN = "shard-{:06d}"
@@ -43,23 +47,37 @@ SHARD_PATTERN = "shard-{:06d}"
 class Encoded:
     jpeg: bytes | None        # None when the file could not be used
     reason: str | None = None
+    restart_markers: bool = False
 
 
-def encode_sample(path: str, max_resolution: int | None, jpeg_quality: int) -> Encoded:
+def encode_sample(path: str, max_resolution: int | None, jpeg_quality: int, restart_markers: bool) -> Encoded:
     try:
         with open_image(path) as image:
             as_is = usable_as_is(image, max_resolution)
         if not as_is:
-            return Encoded(encode_jpeg(load_rgb(path, max_resolution), jpeg_quality))
-        # Stored unchanged, so a full decode would only check it: probe's 1/8-scale decode
-        # reads the whole stream at a fraction of the cost.
-        reason = probe(path)
-        if reason:
-            return Encoded(None, reason)
-        with open(path, "rb") as f:
-            return Encoded(f.read())
+            jpeg = encode_jpeg(load_rgb(path, max_resolution), jpeg_quality)
+        else:
+            # Stored unchanged, so a full decode would only check it: probe's 1/8-scale decode
+            # reads the whole stream at a fraction of the cost.
+            reason = probe(path)
+            if reason:
+                return Encoded(None, reason)
+            with open(path, "rb") as f:
+                jpeg = f.read()
     except Exception as error:  # noqa: BLE001 - any failure of any decoder is a skip
         return Encoded(None, describe_failure(error))
+    if restart_markers:
+        try:
+            return Encoded(transcode(jpeg), restart_markers=True)
+        except JPEGError:   # libjpeg warns about it (Pillow did not): stored as it is, decoded whole
+            pass
+    return Encoded(jpeg)
+
+
+def _tar_size(member_bytes: int) -> int:
+    """The size of a tar file whose members (headers and padded data) take `member_bytes`: with
+    the two end blocks, rounded up to tarfile's 10 KiB record."""
+    return -(-(member_bytes + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
 
 
 class ShardWriter:
@@ -73,7 +91,7 @@ class ShardWriter:
 
     def add(self, key: str, members: dict[str, bytes]) -> None:
         size = sum(512 + -(-len(data) // 512) * 512 for data in members.values())
-        if self.tar is None or (self.shards[-1]["count"] and self.shards[-1]["bytes"] + size > self.max_bytes):
+        if self.tar is None or (self.shards[-1]["count"] and _tar_size(self.shards[-1]["bytes"] + size) > self.max_bytes):
             self._open_next()
         for ext, data in members.items():
             info = tarfile.TarInfo(f"{key}.{ext}")
@@ -117,13 +135,15 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
     tmp.mkdir(parents=True)
     try:
         ordered = write_order(samples, split, args.seed)
-        encode = partial(encode_sample, max_resolution=args.max_resolution or None, jpeg_quality=args.jpeg_quality)
-        writer, skipped = ShardWriter(tmp, int(args.shard_size_mb * 2**20)), []
+        encode = partial(encode_sample, max_resolution=args.max_resolution or None, jpeg_quality=args.jpeg_quality,
+                         restart_markers=args.restart_markers)
+        writer, skipped, with_markers = ShardWriter(tmp, int(args.shard_size_mb * 2**20)), [], 0
         for sample, encoded in zip(ordered, parallel_map(encode, [s.path for s in ordered], args.num_workers,
                                                          f"{split}: encoding")):
             if encoded.jpeg is None:
                 skipped.append(Skipped(sample.path, encoded.reason))
                 continue
+            with_markers += encoded.restart_markers
             writer.add(f"{writer.count:09d}", {MEMBERS["image"]: encoded.jpeg,
                                         MEMBERS["label"]: str(sample.label).encode("ascii"),
                                         MEMBERS["label_int32"]: np.int32(sample.label).astype("<i4").tobytes()})
@@ -136,7 +156,7 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     files = [f"{split}/{shard[kind]}" for shard in writer.shards for kind in ("tar", "index")]
-    return SplitResult(count, skipped, files, {"shards": writer.shards, "members": MEMBERS,
+    return SplitResult(count, skipped, files, {"shards": writer.shards, "members": MEMBERS, "restart_markers": with_markers,
                                                "bytes": sum((out / f).stat().st_size for f in files)})
 
 
@@ -144,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = common_parser(__doc__.splitlines()[0])
     parser.add_argument("--shard-size-mb", type=float, default=256, help="largest shard size in MiB")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train split's write order")
+    parser.add_argument("--restart-markers", action=argparse.BooleanOptionalAction, default=True,
+                        help="store each JPEG with a restart marker after every MCU (lossless), so the decode "
+                             "engine decodes only the MCUs a crop needs")
     args = parser.parse_args(argv)
     if args.shard_size_mb <= 0:
         raise ConversionError(f"--shard-size-mb must be > 0, got {args.shard_size_mb}")
