@@ -4,8 +4,9 @@
  * For each sample, in a pool of pthreads pulling sample numbers from one atomic counter:
  *   read    one pread of the image and its label, at the offsets the shard's .idx gives;
  *   crop    RandomResizedCrop or the val center crop, the arithmetic of pipeline/crops.py on
- *           the uniforms Python drew from the same per-sample seeds (so a batch does not depend
- *           on the thread count, and every backend crops alike);
+ *           the uniforms of the same per-sample seeds, drawn here as numpy draws them
+ *           (numpy_random.h; by Python when ColOut needs them too), so a batch does not
+ *           depend on the thread count, and every backend crops alike;
  *   decode  only the crop's rows and iMCU columns (jpeg_skip_scanlines, jpeg_crop_scanline,
  *           the rows below never decoded), at the smallest allowed DCT scale M/8 that still
  *           leaves the crop at least `oversample` x the target side; a JPEG with a restart
@@ -32,12 +33,14 @@
 #include <jpeglib.h>
 #include "jpeg_errors.h"
 #include "jpeg_restarts.h"
+#include "numpy_random.h"
 #ifdef __SSE4_1__
 #include <immintrin.h>
 #endif
 
 #define COEFFICIENT_BITS 14        /* resampling weights in 16-bit fixed point (Pillow: 22 bits in 32) */
 #define STAGES 3                   /* seconds spent per sample in: read, decode, resize+write */
+#define MOST_UNIFORMS 64           /* per sample */
 
 typedef struct {
     int count, side, out_rows, out_cols, train, threads, oversample_x100;
@@ -46,8 +49,10 @@ typedef struct {
     double scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, val_crop_ratio;
     const int *fds;
     const long long *image_at, *image_size, *label_at;
-    const double *uniforms;                       /* count x uniforms_per_sample (train only) */
+    const double *uniforms;                       /* count x uniforms_per_sample, or NULL: drawn here */
     int uniforms_per_sample;
+    const long long *sample_ids;                  /* what the uniforms are drawn from, with: */
+    long long seed, epoch;
     const int *keep_rows, *keep_cols;             /* count x out_rows, count x out_cols; NULL: all */
     unsigned char *out;                           /* count x out_rows x out_cols x 3, or NULL and: */
     float *out_float;                             /* the same, normalized: pixel * scale[c] + offset[c] */
@@ -72,6 +77,7 @@ typedef struct {                                  /* one thread's decoder and gr
     unsigned char *bytes, *region, *rows, *rgb;   /* rgb: one output row before normalizing */
     float *row_scale, *row_offset;                  /* the normalization constants along a row */
     size_t bytes_size, region_size, rows_size;
+    double uniforms[MOST_UNIFORMS];
     restart_index restarts;
     unsigned char *cut;                           /* the JPEG of the crop's MCUs (jpeg_restarts.h) */
     size_t cut_size;
@@ -92,9 +98,18 @@ static void *grow(void *buffer, size_t *size, size_t needed, error_manager *erro
     return bigger;
 }
 
+/* Sample `index`'s uniforms (train only): Python's when it drew them, else drawn into `buffer`
+ * exactly as pipeline.crops.sample_uniforms draws them. */
+static const double *sample_uniforms(const batch_job *job, int index, double buffer[MOST_UNIFORMS]) {
+    if (!job->train) return NULL;
+    if (job->uniforms) return job->uniforms + (long)index * job->uniforms_per_sample;
+    numpy_uniforms(sample_seed(job->seed, job->epoch, job->sample_ids[index]), buffer, job->uniforms_per_sample);
+    return buffer;
+}
+
 /* pipeline/crops.py's random_resized_crop and center_crop, operation for operation: Python's
  * round() and nearbyint() both round half to even, int() and a C cast both truncate. */
-static void crop_box(const batch_job *job, int index, int height, int width, int box[4], int *flip) {
+static void crop_box(const batch_job *job, const double *u, int height, int width, int box[4], int *flip) {
     *flip = 0;
     if (!job->train) {
         int side = (int)(job->val_crop_ratio * (double)(height < width ? height : width));
@@ -102,7 +117,6 @@ static void crop_box(const batch_job *job, int index, int height, int width, int
         box[0] = (height - side) / 2; box[1] = (width - side) / 2; box[2] = side; box[3] = side;
         return;
     }
-    const double *u = job->uniforms + (long)index * job->uniforms_per_sample;
     *flip = u[job->uniforms_per_sample - 1] < 0.5;
     double area = (double)height * (double)width;
     for (int attempt = 0; attempt < 10; attempt++, u += 4) {
@@ -336,7 +350,7 @@ static void make_sample(worker *self, batch_job *job, int i) {
         height = (int)info->image_height;
     }
     int box[4], flip;
-    crop_box(job, i, height, width, box, &flip);
+    crop_box(job, sample_uniforms(job, i, self->uniforms), height, width, box, &flip);
     int m = pick_scale(job, box[2], box[3]);
     job->scale_used[i] = m;
     /* libjpeg's output size at scale m/8 (jdiv_round_up in jpeg_core_output_dimensions) */
@@ -366,10 +380,10 @@ static void make_sample(worker *self, batch_job *job, int i) {
         int left = col0 / mcu_cols, right = (col1 + mcu_cols - 1) / mcu_cols;
         if (bottom > index->mcus_down) bottom = index->mcus_down;
         if (right > index->mcus_across) right = index->mcus_across;
-        self->cut = grow(self->cut, &self->cut_size, restart_region_size(index, top, bottom, left, right), &self->errors);
-        int cut_width, cut_height;
-        restart_region_write(index, jpeg, top, bottom, left, right, self->cut, &cut_width, &cut_height);
-        read_header(self, self->cut, restart_region_size(index, top, bottom, left, right));
+        size_t cut_size = restart_region_size(index, top, bottom, left, right);
+        self->cut = grow(self->cut, &self->cut_size, cut_size, &self->errors);
+        restart_region_write(index, jpeg, top, bottom, left, right, self->cut);
+        read_header(self, self->cut, cut_size);
         int dy = top * mcu_rows, dx = left * mcu_cols;
         y0 -= dy; y1 -= dy; row0 -= dy; row1 -= dy;
         x0 -= dx; x1 -= dx; col0 -= dx; col1 -= dx;
@@ -462,5 +476,11 @@ int engine_stages(void) { return STAGES; }
 /* For tests: the crop box and flip the engine draws for sample `index` of `job` in a
  * height x width image. */
 void engine_crop_box(const batch_job *job, int index, int height, int width, int *box, int *flip) {
-    crop_box(job, index, height, width, box, flip);
+    double buffer[MOST_UNIFORMS];
+    crop_box(job, sample_uniforms(job, index, buffer), height, width, box, flip);
+}
+
+/* For tests: numpy's default_rng(sample_seed(seed, epoch, sample_id)).random(count). */
+void engine_uniforms(long long seed, long long epoch, long long sample_id, double *out, int count) {
+    numpy_uniforms(sample_seed(seed, epoch, sample_id), out, count);
 }

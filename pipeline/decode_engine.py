@@ -46,7 +46,8 @@ class _BatchJob(ctypes.Structure):
                 ("scale_lo", ctypes.c_double), ("scale_hi", ctypes.c_double), ("log_ratio_lo", ctypes.c_double),
                 ("log_ratio_hi", ctypes.c_double), ("val_crop_ratio", ctypes.c_double),
                 ("fds", _p), ("image_at", _p), ("image_size", _p), ("label_at", _p),
-                ("uniforms", _p), ("uniforms_per_sample", ctypes.c_int), ("keep_rows", _p), ("keep_cols", _p),
+                ("uniforms", _p), ("uniforms_per_sample", ctypes.c_int), ("sample_ids", _p),
+                ("seed", ctypes.c_longlong), ("epoch", ctypes.c_longlong), ("keep_rows", _p), ("keep_cols", _p),
                 ("out", _p), ("out_float", _p), ("scale", ctypes.c_float * 3), ("offset", ctypes.c_float * 3),
                 ("labels", _p), ("status", _p), ("scale_used", _p),
                 ("messages", _p), ("message_size", ctypes.c_int), ("stage_seconds", _p), ("next", ctypes.c_int)]
@@ -60,6 +61,8 @@ def load(flags: tuple[str, ...] = ("-march=native",), library: Path | None = Non
     int_p = ctypes.POINTER(ctypes.c_int)
     library.engine_crop_box.argtypes = [ctypes.POINTER(_BatchJob), ctypes.c_int, ctypes.c_int, ctypes.c_int, int_p, int_p]
     library.engine_stages.restype = ctypes.c_int
+    library.engine_uniforms.argtypes = [ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p,
+                                        ctypes.c_int]
     if library.engine_stages() != len(STAGES):
         raise RuntimeError(f"{SOURCE.name} and {__name__} disagree on the stages; delete pipeline/_decode_engine.so")
     return library
@@ -115,16 +118,18 @@ def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int
                   image_at=np.ascontiguousarray(samples.image_at, np.int64),
                   image_size=np.ascontiguousarray(samples.image_size, np.int64),
                   label_at=np.ascontiguousarray(samples.label_at, np.int64),
+                  sample_ids=np.ascontiguousarray(samples.sample_ids, np.int64),
                   labels=np.empty(count, np.int32), status=np.empty(count, np.int32),
                   scale_used=np.zeros(count, np.int32), stage_seconds=np.zeros((count, len(STAGES))))
     messages = ctypes.create_string_buffer(MESSAGE_SIZE * max(count, 1))
-    keep_rows = keep_cols = None
-    uniforms = _uniforms(spec, epoch, samples.sample_ids)
-    if spec.train and spec.colout:
+    keep_rows = keep_cols = uniforms = None
+    if spec.train and spec.colout:      # ColOut's generator is seeded from the uniforms: Python draws them
+        uniforms = _uniforms(spec, epoch, samples.sample_ids)
         kept = [kept_indices(side, side, *spec.colout, sample_generator(u)) for u in uniforms]
         keep_rows = np.array([r for r, _ in kept], np.int32).reshape(count, rows)
         keep_cols = np.array([c for _, c in kept], np.int32).reshape(count, cols)
-    job = _job(spec, side, uniforms, count=count, out_rows=rows, out_cols=cols, threads=max(1, threads),
+    sample_ids = arrays.pop("sample_ids")
+    job = _job(spec, side, uniforms, epoch, sample_ids, count=count, out_rows=rows, out_cols=cols, threads=max(1, threads),
                oversample_x100=round(100 * oversample), restarts=int(restarts), scale_mask=sum(1 << m for m in scales),
                scale=(ctypes.c_float * 3)(*(1 / std)), offset=(ctypes.c_float * 3)(*(-np.asarray(spec.mean) / spec.std)),
                out_float=out.ctypes.data if normalized else None,
@@ -140,16 +145,23 @@ def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int
 
 
 def crop_boxes(spec: LoaderSpec, epoch: int, sample_ids, sizes, side: int = 64) -> list[tuple[tuple[int, ...], bool]]:
-    """The (top, left, height, width) box and flip the engine draws for each sample of a
-    (height, width) image: what the tests hold against `pipeline.crops`."""
-    uniforms = _uniforms(spec, epoch, np.asarray(sample_ids))
-    job = _job(spec, side, uniforms, count=len(sample_ids))
+    """The (top, left, height, width) box and flip the engine draws (uniforms included) for each
+    sample of a (height, width) image: what the tests hold against `pipeline.crops`."""
+    ids = np.ascontiguousarray(sample_ids, np.int64)
+    job = _job(spec, side, None, epoch, ids, count=len(ids))
     boxes = []
     for index, (height, width) in enumerate(sizes):
         box, flip = (ctypes.c_int * 4)(), ctypes.c_int()
         _library.engine_crop_box(ctypes.byref(job), index, height, width, box, ctypes.byref(flip))
         boxes.append((tuple(box), bool(flip.value)))
     return boxes
+
+
+def engine_uniforms(seed: int, epoch: int, sample_id: int) -> np.ndarray:
+    """The uniforms the engine draws for one sample: `pipeline.crops.sample_uniforms`'s, in C."""
+    out = np.empty(UNIFORMS_PER_SAMPLE)
+    _library.engine_uniforms(seed, epoch, sample_id, out.ctypes.data, len(out))
+    return out
 
 
 def _uniforms(spec: LoaderSpec, epoch: int, sample_ids: np.ndarray) -> np.ndarray | None:
@@ -160,9 +172,12 @@ def _uniforms(spec: LoaderSpec, epoch: int, sample_ids: np.ndarray) -> np.ndarra
     return np.stack([sample_uniforms(spec.seed, epoch, int(i)) for i in sample_ids])
 
 
-def _job(spec: LoaderSpec, side: int, uniforms: np.ndarray | None, **fields) -> _BatchJob:
-    """The crop parameters every sample shares, and `fields`; `uniforms` must outlive the job."""
+def _job(spec: LoaderSpec, side: int, uniforms: np.ndarray | None, epoch: int, sample_ids: np.ndarray,
+         **fields) -> _BatchJob:
+    """The crop parameters every sample shares, and `fields`; `uniforms` (None: the engine
+    draws them from the sample ids) and `sample_ids` (int64) must outlive the job."""
     return _BatchJob(side=side, train=int(spec.train), scale_lo=spec.scale[0], scale_hi=spec.scale[1],
                      log_ratio_lo=math.log(spec.ratio[0]), log_ratio_hi=math.log(spec.ratio[1]),
                      val_crop_ratio=spec.val_crop_ratio, uniforms_per_sample=UNIFORMS_PER_SAMPLE,
-                     uniforms=uniforms.ctypes.data if uniforms is not None else None, **fields)
+                     uniforms=uniforms.ctypes.data if uniforms is not None else None,
+                     sample_ids=sample_ids.ctypes.data, seed=spec.seed, epoch=epoch, **fields)

@@ -128,16 +128,16 @@ static size_t restart_region_size(const restart_index *index, int row0, int row1
     return size;
 }
 
-/* Writes that JPEG into `out` (restart_region_size bytes); its width and height in pixels. */
+/* Writes that JPEG into `out` (restart_region_size bytes). */
 static void restart_region_write(const restart_index *index, const unsigned char *data, int row0, int row1,
-                                 int col0, int col1, unsigned char *out, int *width, int *height) {
+                                 int col0, int col1, unsigned char *out) {
     int bottom = row1 * index->mcu_height, right = col1 * index->mcu_width;
-    *height = (bottom < index->height ? bottom : index->height) - row0 * index->mcu_height;
-    *width = (right < index->width ? right : index->width) - col0 * index->mcu_width;
+    int height = (bottom < index->height ? bottom : index->height) - row0 * index->mcu_height;
+    int width = (right < index->width ? right : index->width) - col0 * index->mcu_width;
     memcpy(out, data, index->scan_at);
-    unsigned char *sof = out + index->sof_at;
-    sof[3] = (unsigned char)(*height >> 8); sof[4] = (unsigned char)*height;
-    sof[5] = (unsigned char)(*width >> 8); sof[6] = (unsigned char)*width;
+    unsigned char *sof = out + index->sof_at;          /* length (2), precision, height (2), width (2) */
+    sof[3] = (unsigned char)(height >> 8); sof[4] = (unsigned char)height;
+    sof[5] = (unsigned char)(width >> 8); sof[6] = (unsigned char)width;
     unsigned char *to = out + index->scan_at;
     unsigned written = 0;
     for (int r = row0; r < row1; r++)

@@ -48,6 +48,16 @@ def test_crops_are_those_of_pipeline_crops():
             assert engine == expected, (split, height, width)
 
 
+def test_the_engine_draws_numpys_uniforms():
+    """The engine draws each sample's uniforms in C (numpy_random.h): numpy's default_rng
+    stream, bit for bit, for any seed, epoch and sample id."""
+    rng = np.random.default_rng(1)
+    triples = [(0, 0, 0), (2**31, 10**6, 2**40), *rng.integers(0, 10**7, (500, 3)).tolist()]
+    for seed, epoch, sample_id in triples:
+        assert np.array_equal(decode_engine.engine_uniforms(seed, epoch, sample_id),
+                              sample_uniforms(seed, epoch, sample_id)), (seed, epoch, sample_id)
+
+
 @pytest.mark.parametrize("split,side", [("train", 160), ("train", 64), ("val", 224), ("val", 96)])
 def test_full_size_decode_gives_pillows_pixels(stored, split, side):
     """At DCT scale 8/8 only, the engine's crop + resize is Pillow's full decode + bilinear resize
