@@ -13,8 +13,9 @@ INTER_AREA, FFCV's size rounding). An RGB JPEG that needs no resize and no EXIF 
 is stored as it is, without a lossy re-encode; anything else is re-encoded at
 --jpeg-quality. Either way it is then rewritten losslessly with a restart marker after every
 MCU (the same pixels, a few % more bytes; --no-restart-markers stores it without): the
-decode engine then decodes only the MCUs under a crop (pipeline/jpeg_restarts.h). Train samples are written in a seeded random order, because WebDataset
-readers only shuffle shards and a buffer; val stays in folder order. DALI's index files
+decode engine then decodes only the MCUs under a crop (pipeline/jpeg_restarts.h). Train
+samples are written in a seeded random order, because WebDataset readers only shuffle shards
+and a buffer; val stays in folder order. DALI's index files
 (`wds2idx` format) are written beside the shards. Tars are deterministic: the same input
 and options give the same bytes.
 """
