@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from algorithms.base import Algorithm, Event
+from algorithms.durations import Duration
 
 
 def smoothing_for_half_life(half_life_steps: float, update_interval_steps: float = 1) -> float:
@@ -47,7 +48,6 @@ class EMA(Algorithm):
     scaled_durations = ("half_life",)      # what ScaleSchedule multiplies
 
     def __init__(self, half_life="1000ba", update_interval="1ba"):
-        from training.durations import Duration
         self.half_life, self.update_interval = Duration.parse(half_life), Duration.parse(update_interval)
         self._ema: dict[str, torch.Tensor] | None = None   # name -> averaged tensor
         self._training: list[torch.Tensor] | None = None    # the training weights while EMA's are swapped in

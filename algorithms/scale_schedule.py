@@ -18,6 +18,7 @@ scaled ones (a loader resolution schedule set before it is scaled either way).
 from __future__ import annotations
 
 from algorithms.base import Algorithm, Event
+from algorithms.durations import Duration
 
 
 def scale_duration(duration, ratio: float):
@@ -69,6 +70,5 @@ class ScaleSchedule(Algorithm):
         if value is None:
             return None
         if isinstance(value, str):
-            from training.durations import Duration
             return str(scale_duration(Duration.parse(value), self.ratio))
         return scale_duration(value, self.ratio)

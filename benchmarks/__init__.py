@@ -1,1 +1,7 @@
-"""Loader and model throughput benchmarks per hardware (filled in by a later issue)."""
+"""Benchmarks that measure this machine and record its figures: loaders.py (loader throughput
+against the decode bound, per backend and resolution), bare_loaders.py (the bounds, and FFCV and
+DALI as their own examples use them), models.py (model-bound img/s of train and eval steps),
+conversion.py (the converters' throughput and output sizes), loop_overhead.py (what our training
+loop's machinery costs), hardware.py (the hardware signature and the per-machine results file in
+results/), report.py (the report and plots made from those files).
+"""

@@ -8,7 +8,7 @@ from algorithms.base import Algorithm, Event
 from algorithms.ema import EMA
 from algorithms.scale_schedule import ScaleSchedule, scale_duration, scale_resolution_schedule
 from pipeline.schedules import resolution_schedule
-from training.durations import Duration
+from algorithms.durations import Duration
 from conftest import tiny_trainer
 
 

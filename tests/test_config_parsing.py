@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional, Union
 import pytest
 import yaml
 
-from training.durations import Duration
+from algorithms.durations import Duration
 from training.typed_config import ConfigError, apply_overrides, from_mapping, load_yaml, to_plain
 
 

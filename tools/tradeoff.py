@@ -42,7 +42,7 @@ import yaml  # noqa: E402
 from benchmarks.hardware import git_commit, signature, slug  # noqa: E402
 from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 import tradeoff_curves  # noqa: E402  (this folder is on sys.path: run as a script)
-from training.durations import Duration  # noqa: E402
+from algorithms.durations import Duration  # noqa: E402
 
 RECIPES = ROOT / "algorithms" / "recipes"
 SET_BY_THE_SWEEP = ("max_duration", "seed", "run_dir", "resume")

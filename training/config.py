@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 from algorithms import check_algorithm_names
 from pipeline import LoaderSpec
 from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
-from training.durations import Duration
+from algorithms.durations import Duration
 from training.typed_config import ConfigError, apply_overrides, from_mapping, load_yaml
 
 Backend = Literal["ffcv", "dali", "webdataset", "folder", "synthetic", "auto"]   # auto: the fastest here

@@ -15,7 +15,7 @@ from typing import Any, Literal, Mapping, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from training.durations import Duration
+from algorithms.durations import Duration
 
 NULL_WORDS = {"null", "none"}
 BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}

@@ -1,7 +1,9 @@
 """Durations in MosaicML Composer's time units, for config settings that may count epochs or
 batches: `90ep` (epochs, fractions allowed), `1000ba` (batches) or `0.5dur` (a fraction of the
 run's max_duration). The trainer turns each into a batch count with `to_batches` once it knows the
-batches per epoch, so that schedules, warmups and intervals all step in batches.
+batches per epoch, so that schedules, warmups and intervals all step in batches. It lives in
+`algorithms` because both the algorithms (EMA's half-life, ScaleSchedule) and the trainer's
+config read durations, and imports point one way: training -> algorithms -> pipeline.
 """
 from __future__ import annotations
 
