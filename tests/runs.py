@@ -47,6 +47,12 @@ def torchrun_2(data, run_dir: Path, common: list[str], *launcher_flags: str) -> 
             *tiny_run(data, "folder", run_dir, *common)]
 
 
+# A deterministic 6-epoch run of 7 steps an epoch whose checkpoints, every 5 steps, all fall
+# mid-epoch (up to the last at step 42): what the kill-and-resume tests stop and restart.
+MID_EPOCH_CHECKPOINTS = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=5ba", "checkpoint.keep=3",
+                         "data.scale=[0.35,1]"]
+
+
 def reference_run(data, run_dir: Path, common: list[str]) -> None:
     """The run never stopped, that a stopped and resumed one must end equal to."""
     subprocess.run(torchrun_2(data, run_dir, common), check=True, capture_output=True, timeout=300, cwd=ROOT)

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from conftest import run_tool
-from runs import MAIN, RECIPE, ROOT, assert_ends_alike, children, rank_of, read_jsonl, reference_run, tiny_run, \
-    torchrun_2, wait_until
+from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, assert_ends_alike, children, rank_of, read_jsonl,
+                  reference_run, tiny_run, torchrun_2, wait_until)
 
 SYNTHETIC = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=8",
              "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
@@ -134,8 +134,7 @@ def test_sigusr1_stops_a_single_process_run_with_exit_code_138_after_a_checkpoin
 # --- a worker killed under torchrun's restarts -------------------------------------------------
 def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never_stopped(converted_sets, tmp_path):
     data = converted_sets["fashion"]["folder"]
-    common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=5ba", "checkpoint.keep=3",
-              "data.scale=[0.35,1]"]
+    common = MID_EPOCH_CHECKPOINTS
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     reference_run(data, straight, common)
 

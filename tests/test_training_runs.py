@@ -9,8 +9,8 @@ import subprocess
 import pytest
 import yaml
 
-from runs import MAIN, RECIPE, ROOT, TORCHRUN, assert_ends_alike, free_port, kill_tree, main_py, read_jsonl, \
-    reference_run, tiny_run, torchrun_2, wait_until
+from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, TORCHRUN, assert_ends_alike, free_port, kill_tree,
+                  main_py, read_jsonl, reference_run, tiny_run, torchrun_2, wait_until)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -67,9 +67,7 @@ def test_multi_node_rendezvous_and_run_directory(converted_sets, tmp_path):
 
 def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(converted_sets, tmp_path):
     data = converted_sets["fashion"]["folder"]
-    # 7 steps an epoch; checkpoints every 5 steps all fall mid-epoch, up to the last at step 42
-    common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=5ba", "checkpoint.keep=3",
-              "data.scale=[0.35,1]"]
+    common = MID_EPOCH_CHECKPOINTS
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     reference_run(data, straight, common)
 
