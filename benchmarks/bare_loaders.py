@@ -113,15 +113,16 @@ def decode_bound(path: str, split: str, rounds: int = 3) -> dict:
             return transcode(data, restart_markers=False)
         except JPEGError:
             return data
+    decoders = ["jpeg_roi"]
+    try:
+        import simplejpeg  # noqa: F401
+        decoders.insert(0, "simplejpeg")
+    except ImportError:
+        pass
     stored, cores = stored_jpegs(path, split), os.cpu_count() or 1
     rates = {}
     for form, jpegs in (("stored", stored), ("no markers", [without_markers(data) for data in stored])):
-        for decoder in ("simplejpeg", "jpeg_roi"):
-            if decoder == "simplejpeg":
-                try:
-                    import simplejpeg  # noqa: F401
-                except ImportError:
-                    continue
+        for decoder in decoders:
             parts = [(decoder, jpegs[i::cores], 1) for i in range(cores)]
             with multiprocessing.get_context("fork").Pool(cores) as pool:
                 pool.map(_decode_all, parts)                      # warm-up: page in code and data
