@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from algorithms.durations import Duration
-from training.typed_config import ConfigError, apply_overrides, from_mapping, load_yaml, to_plain
+from training.typed_config import ConfigError, apply_overrides, from_mapping, load_recipe, load_yaml, to_plain
 
 
 @dataclass
@@ -181,3 +181,32 @@ def test_load_yaml_reads_a_mapping_and_names_the_file_otherwise(tmp_path):
         load_yaml(listed)
     with pytest.raises(ConfigError, match=r"cannot read config file .*missing\.yaml: No such file"):
         load_yaml(tmp_path / "missing.yaml")
+
+
+def test_a_recipe_lays_its_keys_over_its_base_chain(tmp_path):
+    (tmp_path / "root.yaml").write_text("seed: 1\noptim: {name: sgd, lr: 0.1, betas: [0.8, 0.9]}\n"
+                                        "data: {path: /a, scale: [0.1, 1.0]}\nalgorithms: {a: {x: 1}, b: {}}\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "middle.yaml").write_text("base: ../root.yaml\noptim: {lr: 0.2}\n")
+    (tmp_path / "sub" / "leaf.yaml").write_text("base: middle\noptim: {betas: [0.5, 0.6]}\ndata: {scale: [1.0]}\n"
+                                                "algorithms: {a: {y: 2}, c: {}}\n")
+    assert load_recipe(tmp_path / "sub" / "leaf.yaml") == {
+        "seed": 1, "optim": {"name": "sgd", "lr": 0.2, "betas": [0.5, 0.6]},     # nested keys merged
+        "data": {"path": "/a", "scale": [1.0]},                                    # a list replaced whole
+        "algorithms": {"a": {"x": 1, "y": 2}, "b": {}, "c": {}}}
+    assert list(load_recipe(tmp_path / "sub" / "leaf.yaml")["algorithms"]) == ["a", "b", "c"]  # the base's order
+    assert load_recipe(tmp_path / "root.yaml") == load_yaml(tmp_path / "root.yaml")  # no base: the file as it is
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"a.yaml": "base: nowhere\n"}, r"a\.yaml: base recipe 'nowhere' not found \(no file .*nowhere\[\.yaml\]\)"),
+    ({"a.yaml": "base: b\n", "b.yaml": "base: a.yaml\nseed: 1\n"}, r"recipe bases form a cycle: .*a\.yaml -> .*b\.yaml -> .*a\.yaml"),
+    ({"a.yaml": "base: a\n"}, r"recipe bases form a cycle"),
+    ({"a.yaml": "base: [b]\n"}, r"a\.yaml: 'base' must name a recipe file"),
+])
+def test_a_bad_base_is_one_line_naming_the_file(tmp_path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_recipe(tmp_path / "a.yaml")
+    assert "\n" not in str(caught.value)

@@ -3,6 +3,7 @@ what they wrote with the real readers (ffcv's Reader/Loader, webdataset, DALI on
 from __future__ import annotations
 
 import collections
+import re
 import hashlib
 import io
 import os
@@ -129,6 +130,8 @@ def test_bad_input_is_converted_or_skipped_with_reasons(script, bad_source, conv
     assert "extension" in reasons["README.md"]
     for path in expected_skips:
         assert f"skipped {path}: " in result.stderr
+    # Not a terminal: progress as lines (FFCV's own writer bar included), no carriage-return redraws.
+    assert "\r" not in result.stderr and re.search(r"^[^\n]+: \d+/\d+ img \(100%\)", result.stderr, re.M)
     assert manifest["splits"]["train"]["empty_classes"] == ["empty"]
     assert manifest["params"]["max_resolution"] == 512 and manifest["source"] == str(root.resolve())
     assert {"numpy", "python"} <= set(manifest["versions"])

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from test_tradeoff import SWEPT_RECIPES
+from training.typed_config import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 # test_tradeoff.py's sweep runs its recipes the same way (2 processes, every algorithm), twice each
@@ -21,7 +22,7 @@ RECIPES = sorted(path for path in (ROOT / "algorithms" / "recipes").glob("*.yaml
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[path.stem for path in RECIPES])
 def test_recipe_runs_two_epochs_under_torchrun(recipe, converted_sets, tmp_path):
-    settings = yaml.safe_load(recipe.read_text())
+    settings = load_recipe(recipe)
     small = settings.get("model", {}).get("name") == "small_resnet"
     overrides = ["max_duration=2ep", "data.backend=folder", f"data.path={converted_sets['fashion']['folder']}",
                  "data.batch_size=16", "data.num_workers=1", "log.progress=false", "log.tensorboard=false",
@@ -36,3 +37,24 @@ def test_recipe_runs_two_epochs_under_torchrun(recipe, converted_sets, tmp_path)
     assert summary["world_size"] == 2 and math.isfinite(summary["last_val_top1"])
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert list(saved["algorithms"]) == list(settings.get("algorithms", {}))
+
+
+def _leaves(mapping: dict, prefix: str = ""):
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def test_recipes_hold_only_what_they_change_from_their_base():
+    """Every recipe but the baselines names a base, and sets no key to the value its base already has."""
+    for recipe in sorted((ROOT / "algorithms" / "recipes").glob("*.yaml")):
+        own = yaml.safe_load(recipe.read_text())
+        if recipe.stem.endswith("_baseline"):
+            assert "base" not in own, recipe.name
+            continue
+        assert "base" in own, f"{recipe.name} names no base"
+        inherited = dict(_leaves(load_recipe(recipe.parent / f"{own.pop('base')}.yaml")))
+        repeated = [key for key, value in _leaves(own) if key in inherited and inherited[key] == value]
+        assert not repeated, f"{recipe.name} repeats its base's {repeated}"

@@ -181,11 +181,13 @@ def test_photo_sources_are_unique_safe_names():
 
 
 # --- determinism, idempotence, resume ---------------------------------------------------------
-def test_same_arguments_give_identical_bytes(tmp_path, fashion_dir, photos_dir, debian_cache):
-    fashion = msd.make_fashion(tmp_path, limit=LIMIT, progress=False, cache_dir=debian_cache)
-    photos = msd.make_photos(tmp_path, limit=LIMIT, seed=3, progress=False,
+def test_same_arguments_give_identical_bytes(tmp_path, fashion_dir, photos_dir, debian_cache, capsys):
+    fashion = msd.make_fashion(tmp_path, limit=LIMIT, progress=True, cache_dir=debian_cache)
+    photos = msd.make_photos(tmp_path, limit=LIMIT, seed=3, progress=True,
                              cache_dir=debian_cache)
     assert fashion["written"] > 0 and photos["written"] > 0
+    shown = capsys.readouterr().err                     # not a terminal: progress as lines, no redraws
+    assert "\r" not in shown and f"fashion: {fashion['written']}/{fashion['written']} img (100%)" in shown
     assert files_of(tmp_path / "fashion") == files_of(fashion_dir)
     assert files_of(tmp_path / "photos") == files_of(photos_dir)
 

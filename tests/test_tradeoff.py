@@ -15,6 +15,7 @@ import yaml
 import tradeoff
 import tradeoff_curves as tc
 from conftest import TOOLS
+from training.typed_config import load_recipe
 
 # The small ResNet at width 4 on the fashion sample's 120 training images: 4 steps an epoch on
 # each of 2 ranks. These runs are also test_recipes.py's for the two recipes (SWEPT_RECIPES).
@@ -61,7 +62,7 @@ def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_
         if not row["resumed"]:
             assert row["train_wall_s"] < row["command_wall_s"]
         assert row["hardware"]["cpu_model"] and row["commit"] and row["train_img_per_s"] > 0
-        assert row["default_duration"] == str(yaml.safe_load(tradeoff.recipe_path(row["recipe"]).read_text())
+        assert row["default_duration"] == str(load_recipe(tradeoff.recipe_path(row["recipe"]))
                                               ["max_duration"])
         assert row["step_phases"]["steps"] > 0 and row["step_phases"]["forward"] > 0
         summary = json.loads((out / "runs" / f"{row['recipe']}-{row['duration']}-s0" /
@@ -70,7 +71,7 @@ def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_
         launched = (out / "runs" / f"{row['recipe']}-{row['duration']}-s0" / "sweep.log").read_text()
         assert f" max_duration={row['duration']} seed=0 " in launched
         saved = yaml.safe_load((out / "runs" / f"{row['recipe']}-{row['duration']}-s0" / "config.yaml").read_text())
-        recipe = yaml.safe_load(tradeoff.recipe_path(row["recipe"]).read_text())
+        recipe = load_recipe(tradeoff.recipe_path(row["recipe"]))
         assert list(saved["algorithms"]) == list(recipe.get("algorithms", {}))
     report = (out / "report.md").read_text()
     assert "fashion_mild" in report and "Pareto frontier" in report and "Against fashion_baseline" in report
@@ -134,9 +135,9 @@ def test_the_frontier_keeps_only_unbeaten_points_and_names_its_ranges():
 
 def test_ablation_variants_and_effects(tmp_path):
     variants, methods = tradeoff.ablation_recipes("fashion_mild", "fashion_baseline", tmp_path, pairs=True)
-    mild = yaml.safe_load(tradeoff.recipe_path("fashion_mild").read_text())
+    mild = load_recipe(tradeoff.recipe_path("fashion_mild"))
     assert methods == list(mild["algorithms"]) and len(methods) >= 2
-    by_name = {name: yaml.safe_load(path.read_text()) for name, path in variants}
+    by_name = {name: load_recipe(path) for name, path in variants}
     first, second = methods[:2]
     assert list(by_name[f"fashion_mild-no-{first}"]["algorithms"]) == methods[1:]
     assert by_name[f"fashion_baseline+{first}"]["algorithms"] == {first: mild["algorithms"][first]}

@@ -3,6 +3,7 @@ and exact resume after SIGKILL of a real 2-process torchrun (gloo, CPU)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 
@@ -33,20 +34,33 @@ def test_missing_recipe_file_exits_2(tmp_path):
     assert result.returncode == 2 and "nope.yaml" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("base, message", [("gone", "base recipe 'gone' not found"),
+                                           ("loop", "recipe bases form a cycle")])
+def test_a_missing_base_or_a_cycle_exits_2_in_one_line(base, message, tmp_path):
+    (tmp_path / "loop.yaml").write_text("base: recipe\n")
+    (tmp_path / "recipe.yaml").write_text(f"base: {base}\nseed: 3\n")
+    result = main_py("--config", tmp_path / "recipe.yaml", f"run_dir={tmp_path / 'run'}")
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
 def test_multi_node_rendezvous_and_run_directory(converted_sets, tmp_path):
     """Two torchrun 'nodes' of one process each meet at a c10d rendezvous on this machine."""
     run_dir = tmp_path / "run"
     port = free_port()
     overrides = tiny_run(converted_sets["fashion"]["folder"], "folder", run_dir, "max_duration=2ep",
-                         "checkpoint.interval=1ba", "checkpoint.keep=2")
+                         "checkpoint.interval=1ba", "checkpoint.keep=2", "log.progress=true")
     nodes = [subprocess.Popen([*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
                                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test",
                                str(MAIN), "--config", str(RECIPE), *overrides],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                              env={**os.environ, "PROGRESS_EVERY_S": "0"})           # a progress line every step
              for rank in (0, 1)]
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "eval after" in outputs[0] and "eval after" not in outputs[1]        # other ranks are quiet
+    # Output to a pipe, as to a log file: progress as lines, no carriage-return redraws.
+    assert "\r" not in outputs[0] and re.search(r"^epoch 2/2: 7/7 ba \(100%\), .* img_s \d+", outputs[0], re.M)
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["epochs"] == 2

@@ -9,6 +9,7 @@ never stops half-way; outputs are written under temporary names and renamed at t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -25,10 +26,10 @@ from typing import Callable, Iterable, Iterator
 import cv2
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from pipeline.atomic_files import check_writable, write_bytes_atomic  # noqa: E402
+from pipeline.progress import Progress  # noqa: E402
 from pipeline.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split  # noqa: E402
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is a skip, never half an image
@@ -150,17 +151,18 @@ def probe(path: str) -> str | None:
 def parallel_map(function: Callable, items: list, num_workers: int, desc: str,
                  chunksize: int = 16) -> Iterator:
     """function(item) for each item, in order, on num_workers processes, with a progress bar."""
-    progress = tqdm(total=len(items), desc=desc, unit="img", file=sys.stderr, dynamic_ncols=True,
-                    disable=None, mininterval=0.5)
-    if num_workers <= 1 or len(items) < 2 * chunksize:
-        for item in items:
-            yield function(item)
+    progress = Progress(len(items), desc, unit="img")
+    with contextlib.ExitStack() as stack:
+        if num_workers <= 1 or len(items) < 2 * chunksize:
+            results = map(function, items)
+        else:
+            pool = stack.enter_context(multiprocessing.get_context("fork").Pool(num_workers))
+            results = pool.imap(function, items, chunksize=chunksize)
+        for done, result in enumerate(results, 1):
             progress.update()
-    else:
-        with multiprocessing.get_context("fork").Pool(num_workers) as pool:
-            for result in pool.imap(function, items, chunksize=chunksize):
-                yield result
-                progress.update()
+            if done == len(items):          # a caller may stop at the last item, before this generator ends
+                progress.close()
+            yield result
     progress.close()
 
 

@@ -29,6 +29,7 @@ from pipeline.atomic_files import replace_atomically  # noqa: E402
 from convert_common import (ConversionError, ConversionFault, SplitResult, common_parser, describe_failure, load_rgb,  # noqa: E402
                             main_guard, parallel_map, probe, run_conversion)
 from pipeline.imagefolder import Sample, Skipped  # noqa: E402
+from pipeline.progress import Progress  # noqa: E402
 
 WRITE_MODES = ("raw", "jpg", "smart", "proportion")
 
@@ -116,8 +117,13 @@ def _worker_failure_raised():
 
 def write_beton(args, samples: list[Sample], path: Path) -> list[tuple[int, str]]:
     """Write samples to path with FFCV's DatasetWriter; the (index, reason) of failed samples."""
+    import ffcv.writer
     from ffcv.fields import IntField, RGBImageField
     from ffcv.writer import DatasetWriter
+
+    # FFCV's writer draws a plain tqdm bar, which fills a log file with redraws: ours instead
+    # (pipeline/progress.py). It calls only tqdm(total=...), update() and close().
+    ffcv.writer.tqdm = lambda total: Progress(total, path.name, unit="img")
 
     image_field = RGBImageField(write_mode=args.write_mode, max_resolution=args.max_resolution or None,
                                 smart_threshold=args.smart_threshold, jpeg_quality=args.jpeg_quality,

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tqdm import tqdm
 
 from pipeline.atomic_files import write_bytes_atomic
+from pipeline.progress import Progress
 
 SPLITS = ("train", "val")
 DONE_FILE = ".done.json"      # written last: the set is complete for these params
@@ -113,8 +112,7 @@ def write_missing(set_dir: Path, plan: dict, render, desc: str, progress: bool, 
     def write(rel):
         atomic_write(set_dir / rel, render(plan[rel]))
 
-    bar = tqdm(total=len(missing), desc=desc, unit="img", disable=not progress or not missing,
-               file=sys.stderr, dynamic_ncols=True)
+    bar = Progress(len(missing), desc, unit="img", enabled=progress and bool(missing))
     pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
     try:
         for _ in (pool.map(write, missing) if pool else map(write, missing)):

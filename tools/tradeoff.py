@@ -43,6 +43,7 @@ from benchmarks.hardware import git_commit, signature, slug  # noqa: E402
 from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 import tradeoff_curves  # noqa: E402  (this folder is on sys.path: run as a script)
 from algorithms.durations import Duration  # noqa: E402
+from training.typed_config import load_recipe  # noqa: E402
 
 RECIPES = ROOT / "algorithms" / "recipes"
 SET_BY_THE_SWEEP = ("max_duration", "seed", "run_dir", "resume")
@@ -114,7 +115,7 @@ def plan(recipes: list[tuple[str, Path]], durations: list[str], seeds: list[int]
 
 def ablation_recipes(recipe: str, baseline: str, out: Path, pairs: bool) -> tuple[list[tuple[str, Path]], list[str]]:
     """The variants of --ablate, each a YAML under OUT/recipes/, and the recipe's method names."""
-    full, base = yaml.safe_load(recipe_path(recipe).read_text()), yaml.safe_load(recipe_path(baseline).read_text())
+    full, base = load_recipe(recipe_path(recipe)), load_recipe(recipe_path(baseline))
     methods = list(full.get("algorithms") or {})
     if not methods:
         raise SweepError(f"--ablate {recipe}: the recipe names no algorithms, so there is nothing to ablate")
@@ -184,7 +185,7 @@ def run_point(point: Point, out: Path, nproc: int, overrides: list[str], hardwar
 def default_duration(recipe: Path) -> str | None:
     """The recipe's own max_duration: the point its author put on the frontier, which the report
     compares with the baseline's."""
-    value = (yaml.safe_load(recipe.read_text()) or {}).get("max_duration")
+    value = load_recipe(recipe).get("max_duration")
     return None if value is None else str(Duration.parse(str(value)))
 
 

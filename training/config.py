@@ -1,8 +1,9 @@
 """The training config: every key a recipe may set, its type and default, in one place.
 
-A run's config is a recipe YAML plus dotted command-line overrides (`optim.lr=0.2`),
-parsed and validated by training/typed_config.py against the dataclasses below: an
-unknown key or a bad value is a one-line `ConfigError` naming the key.
+A run's config is a recipe YAML (which may name a `base:` recipe and hold only what it changes)
+plus dotted command-line overrides (`optim.lr=0.2`), parsed and validated by
+training/typed_config.py against the dataclasses below: an unknown key or a bad value is a
+one-line `ConfigError` naming the key.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from algorithms import check_algorithm_names
 from pipeline import LoaderSpec
 from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
 from algorithms.durations import Duration
-from training.typed_config import ConfigError, apply_overrides, from_mapping, load_yaml
+from training.typed_config import ConfigError, apply_overrides, from_mapping, load_recipe
 
 Backend = Literal["ffcv", "dali", "webdataset", "folder", "synthetic", "auto"]   # auto: the fastest here
 ModelName = Literal["resnet18", "resnet50", "small_resnet"]
@@ -149,7 +150,7 @@ class Config:
 
 def load_config(recipe: Optional[str], overrides: list[str]) -> Config:
     """The recipe file (if any) with the overrides applied, validated; a ConfigError otherwise."""
-    data = load_yaml(recipe) if recipe else {}
+    data = load_recipe(recipe) if recipe else {}
     config = from_mapping(Config, apply_overrides(data, overrides))
     if not config.run_dir:
         config.run_dir = str(Path("runs") / (Path(recipe).stem if recipe else "run"))

@@ -24,9 +24,8 @@ import sys
 from pathlib import Path
 
 import yaml
-from tqdm import tqdm
-
 from pipeline.atomic_files import check_writable, write_bytes_atomic
+from pipeline.progress import Progress
 
 
 class RunLog:
@@ -90,13 +89,13 @@ class RunLog:
 
     def start_epoch(self, epoch: int, epochs: int, steps: int, done: int) -> None:
         if self.show_progress:
-            self._bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}/{epochs}", unit="ba",
-                             leave=False, dynamic_ncols=True, file=sys.stderr)
+            # No closing line: the trainer prints one per epoch (a bar on a terminal, lines in a file).
+            self._bar = Progress(steps, f"epoch {epoch + 1}/{epochs}", unit="ba", initial=done, closing_line=False)
 
     def advance(self, steps: int = 1, **postfix) -> None:
         if self._bar is not None:
             if postfix:
-                self._bar.set_postfix(postfix, refresh=False)
+                self._bar.set_postfix(**postfix)
             self._bar.update(steps)
 
     def end_epoch(self) -> None:

@@ -109,6 +109,45 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+def load_recipe(path: str | Path) -> dict:
+    """The mapping in a recipe file with its `base:` chain resolved: `base: NAME` (a file beside
+    it, `.yaml` optional, or a path relative to it) is loaded first and this file's keys are laid
+    over it (mappings merged key by key, anything else, lists included, replaced whole). A
+    missing base or a cycle is a ConfigError naming the files."""
+    layers: list[tuple[Path, dict]] = []
+    path: Path | None = Path(path)
+    while path is not None:
+        if any(path.resolve() == seen for seen, _ in layers):
+            raise ConfigError("recipe bases form a cycle: " + " -> ".join(str(p) for p in [*(s for s, _ in layers), path]))
+        data = load_yaml(path)
+        layers.append((path.resolve(), data))
+        path = _base_of(path, data.pop("base", None))
+    merged: dict = {}
+    for _, data in reversed(layers):                # the first base first, the named file last
+        merged = _merge(merged, data)
+    return merged
+
+
+def _base_of(path: Path, base: Any) -> Path | None:
+    if base is None:
+        return None
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: 'base' must name a recipe file, got {reprlib.repr(base)}")
+    for candidate in (path.parent / base, path.parent / f"{base}.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"{path}: base recipe {base!r} not found (no file {path.parent / base}[.yaml])")
+
+
+def _merge(base: Mapping, over: Mapping) -> dict:
+    """`over` laid on `base`: keys in both that hold mappings are merged, in base's order."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        both_mappings = isinstance(merged.get(key), Mapping) and isinstance(value, Mapping)
+        merged[key] = _merge(merged[key], value) if both_mappings else copy.deepcopy(value)
+    return merged
+
+
 def _convert(hint: Any, value: Any, key: str) -> Any:
     """`value` checked against (and converted to) the type `hint`, for the config key `key`."""
     origin, args = get_origin(hint) or hint, get_args(hint)
