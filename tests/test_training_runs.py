@@ -49,7 +49,7 @@ def test_multi_node_rendezvous_and_run_directory(converted_sets, tmp_path):
     run_dir = tmp_path / "run"
     port = free_port()
     overrides = tiny_run(converted_sets["fashion"]["folder"], "folder", run_dir, "max_duration=2ep",
-                         "checkpoint.interval=1ba", "checkpoint.keep=2", "log.progress=true")
+                         "checkpoint.interval=1ba", "checkpoint.keep=2", "log.progress=true", "log.tensorboard=true")
     nodes = [subprocess.Popen([*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
                                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test",
                                str(MAIN), "--config", str(RECIPE), *overrides],
@@ -77,6 +77,14 @@ def test_multi_node_rendezvous_and_run_directory(converted_sets, tmp_path):
     assert evals[-1]["val_top1"] == summary["last_val_top1"]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
         [f"ep1-ba{2 * steps_per_epoch - 1}.pt", f"ep2-ba{2 * steps_per_epoch}.pt"]   # keep=2
+
+    # TensorBoard (installed by the set-up beside Pillow-SIMD): rank 0's metrics, step by step.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("val_top1")] == \
+        [(e["step"], pytest.approx(e["val_top1"])) for e in evals]
+    assert len(events.Scalars("train_loss")) == sum("train_loss" in line for line in lines)
 
 
 def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(converted_sets, tmp_path):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bootstrap the project's environment: Debian build packages, .venv, torch (CPU), FFCV,
-# DALI, WebDataset, numba, pytest, tqdm, matplotlib (without its pillow), and Pillow-SIMD last.
+# DALI, WebDataset, numba, pytest, tqdm, matplotlib and tensorboard (without their pillow), and Pillow-SIMD last.
 #
 # Idempotent and fast the second time: a stamp in .venv records a hash of this script and
 # of pyproject.toml; when it matches, only the Pillow-SIMD check runs.
@@ -102,9 +102,9 @@ pip_install setuptools wheel pkgconfig "${REST_SPECS[0]}"
 pip_install --no-build-isolation "$FFCV_SPEC"
 say "installing DALI, WebDataset, numba, pytest, tqdm"
 pip_install "$DALI_SPEC" "${REST_SPECS[@]}"
-say "installing matplotlib (--no-deps: it would pull stock pillow) and its other dependencies"
-pip_install "${REST_SPECS[0]}" "${MATPLOTLIB_DEPS[@]}"
-pip_install --no-deps "$MATPLOTLIB_SPEC"
+say "installing matplotlib and tensorboard (--no-deps: they would pull stock pillow) and their other dependencies"
+pip_install "${REST_SPECS[0]}" "${NO_DEPS_DEPS[@]}"
+pip_install --no-deps "${NO_DEPS_SPECS[@]}"
 say "installing the project itself (editable, no dependencies)"
 pip_install --no-deps --no-build-isolation -e "$ROOT"
 
@@ -120,8 +120,8 @@ if ! check_pillow_simd 2>/dev/null; then
 fi
 check_pillow_simd
 stamp_value >"$STAMP"
-"$PY" -c 'import torch, ffcv, nvidia.dali, webdataset, PIL, matplotlib' || die "the environment does not import; rm -rf .venv and re-run"
+"$PY" -c 'import torch, ffcv, nvidia.dali, webdataset, PIL, matplotlib, tensorboard' || die "the environment does not import; rm -rf .venv and re-run"
 # Compiles the webdataset backend's C (pipeline/decode_engine.c, jpeg_roi.c) now rather than in the first loader.
 (cd "$ROOT" && "$PY" -c 'import pipeline.jpeg_roi, pipeline.decode_engine') ||
     die "cannot build pipeline/decode_engine.c or jpeg_roi.c (needs cc and libjpeg-dev)"
-say "ready: $("$PY" -c 'import sys; from importlib.metadata import version as v; print(", ".join(f"{n} {v(n)}" for n in ("torch", "ffcv", sys.argv[1], "webdataset", "matplotlib", "pillow-simd")))' "${DALI_SPEC%%[<>=]*}")"
+say "ready: $("$PY" -c 'import sys; from importlib.metadata import version as v; print(", ".join(f"{n} {v(n)}" for n in ("torch", "ffcv", sys.argv[1], "webdataset", "matplotlib", "tensorboard", "pillow-simd")))' "${DALI_SPEC%%[<>=]*}")"

@@ -11,10 +11,14 @@ DALI_SPEC="nvidia-dali-cuda120>=2.0,<3"
 REST_SPECS=("numpy>=1.24,<2.6" "numba>=0.60,<0.70" "webdataset>=1.0,<2" "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.5" "tqdm>=4.60" "pyyaml>=6"
             "simplejpeg>=1.7,<2")   # simplejpeg: the decode-only bound in benchmarks/loaders.py
 PILLOW_SIMD_SPEC="pillow-simd>=9"
-# matplotlib (benchmarks/report.py) declares `pillow`, so a plain install would put stock Pillow
-# over Pillow-SIMD. It goes in with --no-deps, after its other dependencies installed normally
-# (none of them needs pillow); its PIL needs are met by Pillow-SIMD's `PIL`. This list is
-# matplotlib 3.x's Requires-Dist less pillow and numpy (numpy comes with its own pin above).
-MATPLOTLIB_SPEC="matplotlib>=3.8,<4"
-MATPLOTLIB_DEPS=("contourpy>=1.0.1" "cycler>=0.10" "fonttools>=4.28.2" "kiwisolver>=1.3.1" "packaging>=20.0"
-                 "pyparsing>=3" "python-dateutil>=2.7")
+# matplotlib (benchmarks/report.py, tools/plot_run.py) and TensorBoard (the trainer's optional
+# event files) declare `pillow`, so a plain install would put stock Pillow over Pillow-SIMD. They
+# go in with --no-deps, after their other dependencies installed normally (none of those needs
+# pillow); their PIL needs are met by Pillow-SIMD's `PIL`. The list is their Requires-Dist less
+# pillow and numpy (numpy comes with its own pin above); tensorboard is held to the minor
+# release whose protobuf and grpcio ranges it copies.
+NO_DEPS_SPECS=("matplotlib>=3.8,<4" "tensorboard>=2.21,<2.22")
+NO_DEPS_DEPS=("contourpy>=1.0.1" "cycler>=0.10" "fonttools>=4.28.2" "kiwisolver>=1.3.1" "packaging>=20.0"
+              "pyparsing>=3" "python-dateutil>=2.7"
+              "absl-py>=0.4" "grpcio>=1.74.0,<2" "markdown>=2.6.8" "protobuf>=6.31.1,<8" "setuptools>=41"
+              "tensorboard-data-server>=0.7,<0.8" "werkzeug>=1.0.1")

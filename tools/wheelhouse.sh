@@ -30,9 +30,9 @@ download --index-url "https://download.pytorch.org/whl/$TORCH" --extra-index-url
 # requires torch, and PyPI's default build would bring another 3 GB of CUDA libraries).
 echo "$TORCH_SPEC" >"$DIR/constraints.txt"
 pinned() { download --find-links "$DIR" -c "$DIR/constraints.txt" "$@"; }
-say "DALI, numpy, numba, webdataset, pytest, tqdm, matplotlib's dependencies, build tools"
-pinned "$DALI" "${REST_SPECS[@]}" "${MATPLOTLIB_DEPS[@]}" setuptools wheel pkgconfig
-download --no-deps "$MATPLOTLIB_SPEC"
+say "DALI, numpy, numba, webdataset, pytest, tqdm, matplotlib's and tensorboard's dependencies, build tools"
+pinned "$DALI" "${REST_SPECS[@]}" "${NO_DEPS_DEPS[@]}" setuptools wheel pkgconfig
+download --no-deps "${NO_DEPS_SPECS[@]}"
 say "FFCV and Pillow-SIMD as sources, and FFCV's dependencies"
 download --no-deps --no-binary :all: "$FFCV_SPEC" "$PILLOW_SIMD_SPEC"
 pinned "${FFCV_DEPS[@]}"
