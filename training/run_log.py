@@ -3,8 +3,10 @@
 The run directory is an interface (tests and tools read it):
     config.yaml     the resolved config
     metrics.jsonl   one JSON object per line, each with `epoch` (0-based, the epoch the line
-                    is about) and `step` (optimizer steps so far); evaluation lines carry
-                    `val_top1`, `val_top5` (percent) and `val_loss`
+                    is about), `step` (optimizer steps so far) and `wall_s` (the run's seconds so
+                    far, over resumed sessions, as summary.json's); training lines carry
+                    `train_loss`, `lr`, `img_per_s`, `resolution`; evaluation lines `val_top1`,
+                    `val_top5` (percent) and `val_loss` (tools/plot_run.py draws them)
     checkpoints/    see training/checkpoints.py
     summary.json    at the end: best_val_top1, last_val_top1, wall_s, train_img_per_s, epochs, ...
     tensorboard/    when the tensorboard package is installed
@@ -84,7 +86,7 @@ class RunLog:
                 os.close(fd)
         if self._tensorboard:
             for key, value in record.items():
-                if key not in ("epoch", "step") and isinstance(value, (int, float)):
+                if key not in ("epoch", "step", "wall_s") and isinstance(value, (int, float)):
                     self._tensorboard.add_scalar(key, value, record["step"])
 
     def start_epoch(self, epoch: int, epochs: int, steps: int, done: int) -> None:

@@ -165,7 +165,8 @@ class Trainer:
             if state.step % config.log.interval == 0 or state.batch_in_epoch == state.steps_per_epoch:
                 loss = dist.all_reduce_sum(loss_sum, world).item() / (world.size * interval_steps)
                 now = time.perf_counter()
-                record = {"epoch": state.epoch, "step": state.step, "train_loss": round(loss, 5), "lr": state.lr,
+                record = {"epoch": state.epoch, "step": state.step, "wall_s": round(self._wall_seconds(), 3),
+                          "train_loss": round(loss, 5), "lr": state.lr,
                           "img_per_s": round(interval_samples / (now - interval_start), 1),
                           "resolution": list(images.shape[-2:])}
                 self.log.metrics(record)
@@ -253,7 +254,8 @@ class Trainer:
         state.best_val_top1 = max(state.best_val_top1 or 0.0, state.metrics["val_top1"])
         state.evaluated_step = state.step
         self.engine.fire(Event.EVAL_END, state)
-        self.log.metrics({"epoch": state.epoch - (state.batch_in_epoch == 0), "step": state.step, **state.metrics})
+        self.log.metrics({"epoch": state.epoch - (state.batch_in_epoch == 0), "step": state.step,
+                          "wall_s": round(self._wall_seconds(), 3), **state.metrics})
         self.log.print(f"  eval after {state.step} steps: top-1 {state.metrics['val_top1']:.2f}%, "
                        f"top-5 {state.metrics['val_top5']:.2f}%, loss {state.metrics['val_loss']:.4f}")
         return state.metrics
