@@ -8,6 +8,7 @@ import sys
 import numpy as np
 from PIL import Image
 
+from algorithms.progressive_resizing import ProgressiveResizing
 from conftest import TOOLS, run_tool, tiny_trainer
 
 sys.path.insert(0, str(TOOLS))
@@ -23,8 +24,8 @@ def colors_drawn(png) -> list[bool]:
 
 def test_plots_of_runs_hold_what_they_logged(tmp_path):
     runs = [tmp_path / "lr0.1", tmp_path / "lr0.4"]
-    for run_dir, lr in zip(runs, ("0.1", "0.4")):
-        tiny_trainer(run_dir, [], f"optim.lr={lr}", "log.interval=1").fit()
+    for run_dir, lr, algorithms in zip(runs, ("0.1", "0.4"), ([], [ProgressiveResizing(mode="batch", size_increment=2)])):
+        tiny_trainer(run_dir, algorithms, f"optim.lr={lr}", "log.interval=1").fit()
     records = plot_run.read_metrics(runs[0])
     evals = [r for r in records if "val_top1" in r]
     assert plot_run.series(records, "val_top1", "step") == ([r["step"] for r in evals], [r["val_top1"] for r in evals])
@@ -32,6 +33,8 @@ def test_plots_of_runs_hold_what_they_logged(tmp_path):
     assert len(times) == 8 and times == sorted(times) and times[-1] <= json.loads(
         (runs[0] / "summary.json").read_text())["wall_s"]
     assert plot_run.series(records, "resolution", "step")[1] == [16] * 8
+    resized = plot_run.series(plot_run.read_metrics(runs[1]), "resolution", "step")[1]   # the size trained at
+    assert resized[0] == 8 and resized[-1] == 16 and resized == sorted(resized)
 
     one = run_tool("plot_run.py", runs[0], check=True)
     assert one.stdout.strip() == f"{runs[0] / 'plot.png'}: 1 run (lr0.1)"

@@ -115,15 +115,16 @@ def _worker_failure_raised():
             signal.signal(signal.SIGUSR2, previous)
 
 
-def write_beton(args, samples: list[Sample], path: Path) -> list[tuple[int, str]]:
-    """Write samples to path with FFCV's DatasetWriter; the (index, reason) of failed samples."""
+def write_beton(args, samples: list[Sample], path: Path, desc: str) -> list[tuple[int, str]]:
+    """Write samples to path with FFCV's DatasetWriter, its progress headed `desc`; the (index,
+    reason) of failed samples."""
     import ffcv.writer
     from ffcv.fields import IntField, RGBImageField
     from ffcv.writer import DatasetWriter
 
     # FFCV's writer draws a plain tqdm bar, which fills a log file with redraws: ours instead
     # (pipeline/progress.py). It calls only tqdm(total=...), update() and close().
-    ffcv.writer.tqdm = lambda total: Progress(total, path.name, unit="img")
+    ffcv.writer.tqdm = lambda total: Progress(total, desc, unit="img")
 
     image_field = RGBImageField(write_mode=args.write_mode, max_resolution=args.max_resolution or None,
                                 smart_threshold=args.smart_threshold, jpeg_quality=args.jpeg_quality,
@@ -155,7 +156,7 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
             if not good:
                 break
             print(f"{split}: writing {len(good)} samples to {final}", file=sys.stderr)
-            failures = write_beton(args, good, tmp)
+            failures = write_beton(args, good, tmp, f"{split}: writing")
             if not failures:
                 break
             if attempt == 2:

@@ -5,7 +5,8 @@ The run directory is an interface (tests and tools read it):
     metrics.jsonl   one JSON object per line, each with `epoch` (0-based, the epoch the line
                     is about), `step` (optimizer steps so far) and `wall_s` (the run's seconds so
                     far, over resumed sessions, as summary.json's); training lines carry
-                    `train_loss`, `lr`, `img_per_s`, `resolution`; evaluation lines `val_top1`,
+                    `train_loss`, `lr`, `img_per_s`, `resolution` (as trained, after the
+                    batch's hooks); evaluation lines `val_top1`,
                     `val_top5` (percent) and `val_loss` (tools/plot_run.py draws them)
     checkpoints/    see training/checkpoints.py
     summary.json    at the end: best_val_top1, last_val_top1, wall_s, train_img_per_s, epochs, ...

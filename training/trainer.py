@@ -168,7 +168,7 @@ class Trainer:
                 record = {"epoch": state.epoch, "step": state.step, "wall_s": round(self._wall_seconds(), 3),
                           "train_loss": round(loss, 5), "lr": state.lr,
                           "img_per_s": round(interval_samples / (now - interval_start), 1),
-                          "resolution": list(images.shape[-2:])}
+                          "resolution": list(state.images.shape[-2:])}   # as trained: after the batch's hooks
                 self.log.metrics(record)
                 self.log.advance(0, loss=f"{loss:.3f}", img_s=f"{record['img_per_s']:.0f}", lr=f"{state.lr:.3g}",
                                  res="x".join(map(str, record["resolution"])))
