@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+from training.run_log import cannot_write  # noqa: E402
 
 # (key in metrics.jsonl, panel title); resolution is logged as [height, width]: its height is drawn
 PANELS = [("val_top1", "validation top-1 (%)"), ("val_loss", "validation loss"), ("train_loss", "train loss"),
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except OSError as error:
-        print(f"error: cannot write {error.filename or out} ({error.strerror or error})", file=sys.stderr)
+        print(f"error: {cannot_write(error, out)}", file=sys.stderr)
         return 1
     print(f"{out}: {len(runs)} run{'s' * (len(runs) > 1)} ({', '.join(runs)})")
     return 0

@@ -100,8 +100,8 @@ def exit_after_success() -> None:
     """End a finished run without interpreter teardown. There, torch's gloo threads intermittently
     abort a finished rank (SIGABRT, `terminate called without an active exception`, after rank 0's
     `done` line: twice in the test suite's tiny runs over several sessions here), which torchrun
-    reports as a failed run. Everything is written, fsynced and closed by now, and the process group destroyed; the
-    collection first lets the loaders' finalizers stop their worker processes."""
+    reports as a failed run. Everything is written, fsynced and closed by now, and the process
+    group destroyed; the collection first lets the loaders' finalizers stop their workers."""
     gc.collect()
     sys.stdout.flush()
     sys.stderr.flush()
