@@ -9,10 +9,12 @@ the decoder does less work and the resize sees no fewer pixels than it outputs. 
 """
 from __future__ import annotations
 
+import ctypes
 import io
 import math
 import os
 import signal
+import sys
 import weakref
 
 import numpy as np
@@ -187,13 +189,20 @@ class BatchKeys:
         return len(self.keys) - self.start
 
 
-def ignore_stop_signals(worker_id: int = 0) -> None:
+def prepare_worker(worker_id: int = 0) -> None:
     """In DataLoader workers: torchrun and Slurm signal a rank's whole process group, and a
-    worker killed by it would fail the batches its rank still takes before its checkpoint.
-    The rank stops its workers itself; a worker whose rank is gone exits on its own (torch's
-    workers watch their parent)."""
+    worker killed by it would fail the batches its rank still takes before its checkpoint, so
+    the stop signals are ignored and the rank stops its workers itself. A worker whose rank
+    dies (SIGKILL, the out-of-memory killer) is killed with it (Linux's parent-death signal):
+    torch's own watch of the parent takes seconds, in which an orphan printed tracebacks from
+    the fd-passing thread of multiprocessing into its dead rank's log."""
     for number in STOP_SIGNALS:
         signal.signal(number, signal.SIG_IGN)
+    if sys.platform == "linux":
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:                   # the rank died before the line above took effect
+            os._exit(1)
 
 
 def torch_dataloader(dataset, spec: LoaderSpec, **kwargs) -> DataLoader:
@@ -201,7 +210,7 @@ def torch_dataloader(dataset, spec: LoaderSpec, **kwargs) -> DataLoader:
     workers = spec.num_workers
     dataloader = _WorkersStopWhenFreed(dataset, batch_size=None, num_workers=workers,
                                        pin_memory=spec.device.startswith("cuda"), persistent_workers=workers > 0,
-                                       prefetch_factor=4 if workers else None, worker_init_fn=ignore_stop_signals,
+                                       prefetch_factor=4 if workers else None, worker_init_fn=prepare_worker,
                                        **kwargs)
     _LIVE_DATALOADERS.add(dataloader)
     return dataloader
