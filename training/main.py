@@ -8,7 +8,6 @@ SIGTERM or SIGUSR1 stopped the run after a checkpoint (`resume=auto` continues i
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import sys
@@ -101,8 +100,8 @@ def exit_after_success() -> None:
     abort a finished rank (SIGABRT, `terminate called without an active exception`, after rank 0's
     `done` line: twice in the test suite's tiny runs over several sessions here), which torchrun
     reports as a failed run. Everything is written, fsynced and closed by now, and the process
-    group destroyed; the collection first lets the loaders' finalizers stop their workers."""
-    gc.collect()
+    group destroyed; DataLoader workers die with this process (pipeline/worker_decode.py). No
+    gc.collect() first: it ran numba's dispatcher finalizers, which print a harmless KeyError."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
