@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from algorithms.base import Algorithm, Event
 from training.checkpoints import CheckpointStore
-from training.config import load_config
+from training.config import ConfigError, load_config
 from training.distributed import World
 from training.engine import Engine
 from training.losses import binary_cross_entropy, cross_entropy
@@ -62,6 +62,14 @@ def test_lr_factor_warmup_cosine_linear_step():
     assert lr_factor(60, kind="linear", **common) == pytest.approx(0.5)
     assert lr_factor(60, kind="linear", **{**common, "final_fraction": 0.2}) == pytest.approx(0.6)
     assert [lr_factor(s, kind="step", **common) for s in (49, 50, 80)] == pytest.approx([1, 0.1, 0.01])
+
+
+def test_the_hardware_decoder_share_reaches_the_loader_spec_and_is_checked():
+    config = load_config(None, ["data.backend=dali", "data.path=x", "data.hw_decoder_load=1"])
+    assert config.data.loader_spec("train", device="cpu").hw_decoder_load == 1.0
+    assert load_config(None, ["data.backend=dali", "data.path=x"]).data.loader_spec("val", device="cpu").hw_decoder_load == 0.65
+    with pytest.raises(ConfigError, match=r"^data: hw_decoder_load must be in \[0, 1\], got 1.5$"):
+        load_config(None, ["data.backend=dali", "data.path=x", "data.hw_decoder_load=1.5"])
 
 
 def test_optimizer_scales_lr_and_decays_only_weights():

@@ -269,7 +269,8 @@ def diagnose(args, config, algorithms) -> dict:
                "torch_threads": torch.get_num_threads(),   # read now: FFCV sets it when its loader starts
                "ranks_per_machine": ranks, "steps": args.steps, "warmup": args.warmup, "epoch": args.epoch,
                "algorithms": list(config.algorithms), "algorithms_applied": True, "backend": spec.backend,
-               "num_workers": spec.num_workers, "batch_size": spec.batch_size, "resolution": list(loader.resolution),
+               "num_workers": spec.num_workers, "batch_size": spec.batch_size, "side": loader.side,
+               "resolution": list(loader.resolution), "hw_decoder_load": spec.hw_decoder_load,
                "model": config.model.name, "precision": config.precision, "channels_last": config.channels_last,
                "compile": config.compile, "loader_img_per_s": round(alone["img_per_s"], 1),
                "model_img_per_s": round(model["img_per_s"], 1), "together_img_per_s": round(together["img_per_s"], 1),

@@ -35,6 +35,7 @@ class DataConfig:
     colout: Optional[tuple[float, float]] = None
     randaugment: Optional[tuple[int, int]] = None   # (depth, severity); webdataset, folder and dali
     num_workers: int = 2
+    hw_decoder_load: float = 0.65         # dali on CUDA: the share of JPEGs for the hardware decoder (A100, H100)
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     on_corrupt: Literal["skip", "raise"] = "skip"
@@ -47,8 +48,9 @@ class DataConfig:
                           resolution=self.resolution, val_resolution=self.val_resolution,
                           val_crop_ratio=self.val_crop_ratio, scale=self.scale,
                           ratio=self.ratio, colout=self.colout, randaugment=self.randaugment,
-                          num_workers=self.num_workers, mean=self.mean, std=self.std, on_corrupt=self.on_corrupt,
-                          num_classes=self.num_classes, synthetic_size=self.synthetic_size, **placement)
+                          num_workers=self.num_workers, hw_decoder_load=self.hw_decoder_load, mean=self.mean,
+                          std=self.std, on_corrupt=self.on_corrupt, num_classes=self.num_classes,
+                          synthetic_size=self.synthetic_size, **placement)
 
 
 @dataclass
