@@ -1,7 +1,8 @@
-"""The offline set-up's answers to a bad request, which must be one line each. (The whole path,
+"""The offline set-up's answers to a bad request, which must be one line each, tools/ffcv_wheel.sh's
+too. (The whole path,
 `make wheelhouse` then `WHEELHOUSE=DIR tools/bootstrap.sh` from a fresh clone with no index,
 downloads about 0.9 GB and builds FFCV and Pillow-SIMD: it is run by hand, README says with
-what result.)"""
+what result; so is tools/ffcv_wheel.sh's build, docs/setup.md says with what result.)"""
 import shutil
 import subprocess
 
@@ -31,3 +32,20 @@ def test_offline_bootstrap_names_a_missing_wheelhouse(tmp_path):
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"[bootstrap] error: WHEELHOUSE={tmp_path / 'nowhere'}: no such folder (make it with: make wheelhouse WHEELHOUSE=DIR)")
+
+
+def test_ffcv_wheel_names_a_missing_interpreter_library_or_folder_before_writing(tmp_path):
+    script, out = str(ROOT / "tools" / "ffcv_wheel.sh"), tmp_path / "wheels"
+    cases = [([], {}, "[ffcv-wheel] error: usage: bash tools/ffcv_wheel.sh OUT_DIR [PYTHON]"),
+             ([str(out), "python9.9"], {}, "[ffcv-wheel] error: no interpreter python9.9"),
+             ([str(out)], {"PKG_CONFIG_LIBDIR": str(tmp_path / "none")},
+              "[ffcv-wheel] error: pkg-config finds no libturbojpeg: install libturbojpeg0-dev libopencv-dev "
+              "pkg-config libjpeg-dev zlib1g-dev")]
+    for args, env, message in cases:
+        result = run(["bash", script, *args], **env)
+        assert result.returncode == 2 and result.stderr.strip() == message, result.stderr
+    assert not out.exists()
+    (tmp_path / "file").write_text("")
+    result = run(["bash", script, str(tmp_path / "file" / "wheels")])
+    assert result.returncode == 2 and result.stderr.strip() == \
+        f"[ffcv-wheel] error: cannot make the folder {tmp_path / 'file' / 'wheels'}"
