@@ -96,6 +96,21 @@ def test_resnet18_on_small_jpegs_is_model_bound(sample_sets, tmp_path):
     assert any(tip.startswith("data.batch_size=16") for tip in saved["suggestions"]), stdout
 
 
+def test_free_running_figures_are_measured_printed_and_saved(sample_sets, tmp_path):
+    """Without a sync per step (on CUDA always, here by the flag): the rate training runs at."""
+    stdout, saved = diagnose(*tiny(sample_sets / "fashion"), *SHORT, "--free-running", json_path=tmp_path / "a.json")
+    free = saved["free_running"]
+    assert set(free) == {"model_img_per_s", "together_img_per_s"} and min(free.values()) > 0
+    line = re.search(r"^as training runs \(no sync per step\): model alone ([\d,]+) img/s, together ([\d,]+) "
+                     r"\((\d+)% of the model alone\)$", stdout, re.M)
+    assert line, stdout
+    assert [int(line[1].replace(",", "")), int(line[2].replace(",", ""))] == \
+        [round(free["model_img_per_s"]), round(free["together_img_per_s"])]
+    assert int(line[3]) == round(100 * free["together_img_per_s"] / free["model_img_per_s"])
+    _, without = diagnose(*tiny(sample_sets / "fashion"), *SHORT, json_path=tmp_path / "b.json")
+    assert "free_running" not in without          # on a CPU only when asked
+
+
 def test_config_errors_are_one_line_and_exit_2(tmp_path):
     for overrides, message in ((["model.widht=4"], "unknown config key 'model.widht'"),
                                (["data.backend=folder", f"data.path={tmp_path / 'none'}"], "no such directory")):

@@ -60,6 +60,9 @@ def test_projection_matches_the_sum_worked_out_by_hand(tmp_path):
     assert rows[88]["epochs"] == 15 and rows[88]["measured"] and not rows[132]["measured"]
     assert rows[176]["minutes"] == pytest.approx(8 * 1_281_167 / (8 * 4000 * 0.9) / 60)
     assert project(schedule, rates, 8, 1.0, None)["eval_minutes"] is None
+    as_training = {"model_img_per_s": 9000.0, "together_img_per_s": 8500.0}   # diagnose's figures on CUDA
+    assert measured_rates([measurement(tmp_path / "c.json", 88, 8000.0, free_running=as_training)],
+                          schedule) == {88: 8500.0}
 
 
 def test_a_real_diagnose_json_is_projected_and_the_figures_written(sample_sets, tmp_path):

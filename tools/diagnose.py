@@ -1,7 +1,7 @@
 """Is this run data-bound? Loader alone vs model alone vs both together, and a verdict.
 
     python tools/diagnose.py --config RECIPE.yaml [key=value ...] [--steps 100] [--warmup 10]
-                             [--epoch 0] [--ranks-per-machine 1] [--json PATH]
+                             [--epoch 0] [--ranks-per-machine 1] [--free-running] [--json PATH]
 
 Takes what `training/main.py` takes (a recipe and dotted overrides; a bad config or dataset
 is one line on stderr and exit 2) and measures, in ONE process, one rank's view of the run:
@@ -12,6 +12,10 @@ is one line on stderr and exit 2) and measures, in ONE process, one rank's view 
 3. together: the real loader feeding the real step; time blocked on the next batch is
    "waiting for data". On CUDA each step is synchronised, so step time is GPU time and
    waiting means the GPU sat idle (the loader's workers still prefetch during the step).
+4. on CUDA (or with --free-running), model alone and together again without that sync, as
+   training runs: the host fetches the next batch while the GPU computes, so the per-batch
+   host work of a loader (DALI's output handling, say) hides behind the step. Their ratio is
+   the share of model-bound that training reaches end to end.
 Each figure is img/s over `--steps` steps after `--warmup` untimed ones (worker start-up,
 FFCV's compilation, torch.compile). Every pass re-runs epoch `--epoch`, so a resolution
 schedule stays at that epoch's size. Defaults: 100 timed steps after 10 warm-up ones per
@@ -69,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--epoch", type=int, default=0, help="the epoch measured: its resolution (default 0)")
     parser.add_argument("--ranks-per-machine", type=int, default=1,
                         help="training processes per machine: they share its cores (default 1)")
+    parser.add_argument("--free-running", action="store_true",
+                        help="also model alone and together without a sync per step, as training runs "
+                             "(always on CUDA)")
     parser.add_argument("--json", type=Path, help="also write the figures and verdict here (atomically)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.epoch < 0 or args.ranks_per_machine < 1:
@@ -102,8 +109,11 @@ def real_train_step(trainer: Trainer):
     return train_step
 
 
-def measure(loader, epoch: int, warmup: int, steps: int, device: torch.device, train_step=None) -> dict:
-    """img/s over `steps` batches after `warmup`, and the seconds spent waiting for batches vs in steps."""
+def measure(loader, epoch: int, warmup: int, steps: int, device: torch.device, train_step=None,
+            sync_each_step: bool = True) -> dict:
+    """img/s over `steps` batches after `warmup`, and the seconds spent waiting for batches vs in steps.
+    Without `sync_each_step` the host runs ahead of the device as in training, fetching the next
+    batch while the GPU works: img/s is then the training rate, and the wait is not GPU idle time."""
     batches = passes(loader, epoch)
     try:
         for _ in range(warmup):
@@ -118,7 +128,8 @@ def measure(loader, epoch: int, warmup: int, steps: int, device: torch.device, t
             fetched = time.perf_counter()
             if train_step:
                 train_step(images, targets)
-                sync(device)   # the GPU's work counts as step time, not as the next wait
+                if sync_each_step:
+                    sync(device)   # the GPU's work counts as step time, not as the next wait
             count, waiting, stepping = (count + targets.shape[0], waiting + fetched - start,
                                         stepping + time.perf_counter() - fetched)
         start = time.perf_counter()
@@ -275,6 +286,12 @@ def diagnose(args, config, algorithms) -> dict:
                "compile": config.compile, "loader_img_per_s": round(alone["img_per_s"], 1),
                "model_img_per_s": round(model["img_per_s"], 1), "together_img_per_s": round(together["img_per_s"], 1),
                "wait_share": round(together["wait_share"], 4)}
+    if device.type == "cuda" or args.free_running:
+        figures["free_running"] = {
+            "model_img_per_s": round(measure(synthetic_twin(loader), args.epoch, args.warmup, args.steps, device,
+                                             train_step, sync_each_step=False)["img_per_s"], 1),
+            "together_img_per_s": round(measure(loader, args.epoch, args.warmup, args.steps, device, train_step,
+                                                sync_each_step=False)["img_per_s"], 1)}
     figures["verdict"] = verdict(figures["loader_img_per_s"], figures["model_img_per_s"], figures["wait_share"])
     figures["cpu_contention"] = device.type == "cpu" and figures["together_img_per_s"] < (1 - NOISE) * min(
         figures["loader_img_per_s"], figures["model_img_per_s"])
@@ -302,6 +319,10 @@ def report(figures: dict) -> str:
              f"together       {figures['together_img_per_s']:>9,.0f} img/s   waiting for data "
              f"{figures['wait_share']:.0%} of the time",
              f"verdict: {figures['verdict']}. {figures['verdict_text']}"]
+    if free := figures.get("free_running"):
+        lines.insert(-1, f"as training runs (no sync per step): model alone {free['model_img_per_s']:,.0f} img/s, "
+                         f"together {free['together_img_per_s']:,.0f} "
+                         f"({free['together_img_per_s'] / free['model_img_per_s']:.0%} of the model alone)")
     if figures["suggestions"]:
         lines.append(f"try, on this machine ({figures['cpu_cores']} cores):")
         lines += [f"  - {tip}" for tip in figures["suggestions"]]

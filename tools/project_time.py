@@ -8,11 +8,12 @@ How the projection is made, and what it leaves out:
 1. The recipe's train side per epoch comes from `training.trainer.Trainer` itself, built on
    the `synthetic` backend with the dataset's size split over the GPUs, so scale_schedule,
    progressive resizing and every other INIT effect act exactly as in training.
-2. The per-GPU rate at a side is `together_img_per_s` from `tools/diagnose.py --json`: the
-   real loader feeding the real train step on one GPU. At least two sides must be measured
-   (or only the sides the recipe trains at); between them the time per image is interpolated
-   linearly in the pixel count (a CNN step's cost grows with it), and beyond them extended
-   along the nearest two points' line.
+2. The per-GPU rate at a side is what `tools/diagnose.py --json` measured together, the real
+   loader feeding the real train step on one GPU: as training runs (`free_running`, always
+   there on CUDA), else with a sync per step (`together_img_per_s`). At least two sides must
+   be measured (or only the sides the recipe trains at); between them the time per image is
+   interpolated linearly in the pixel count (a CNN step's cost grows with it), and beyond
+   them extended along the nearest two points' line.
 3. Train time = sum over epochs of (epoch share x train images) / (GPUs x rate x scaling).
    `--scaling` is the share of linear speed-up kept across GPUs: 1.0 (the default) is ideal
    scaling, an upper bound on speed until NCCL across those GPUs has been measured.
@@ -77,7 +78,8 @@ def measured_rates(paths: list[Path], schedule: dict) -> dict[int, float]:
     for path in paths:
         try:
             figures = json.loads(path.read_text())
-            side, rate = int(figures["side"]), float(figures["together_img_per_s"])
+            side = int(figures["side"])
+            rate = float((figures.get("free_running") or figures)["together_img_per_s"])
             measured = {"model": figures["model"], "algorithms": figures["algorithms"],
                         "batch_size": figures["batch_size"]}
         except OSError as error:
