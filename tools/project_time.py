@@ -65,14 +65,18 @@ def recipe_schedule(config_path: str, overrides: list[str], gpus: int, train_ima
         epochs = state.total_steps / state.steps_per_epoch
         spec = state.train_loader.spec
         eval_every = config.eval_interval.to_batches(state.steps_per_epoch, state.total_steps)
-    return {"model": config.model.name, "algorithms": list(config.algorithms), "batch_size": config.data.batch_size,
-            "epochs": epochs, "sides": [spec.resolution_at(e) for e in range(math.ceil(epochs))],
+    return {**recipe_identity(config), "epochs": epochs, "sides": [spec.resolution_at(e) for e in range(math.ceil(epochs))],
             "shares": [min(1.0, epochs - e) for e in range(math.ceil(epochs))],
             "evaluations": math.ceil(state.total_steps / eval_every) if eval_every else 1,
             "train_images": train_images, "val_images": val_images}
 
 
-def measured_rates(paths: list[Path], schedule: dict) -> dict[int, float]:
+def recipe_identity(config) -> dict:
+    """What a measurement must share with the recipe projected."""
+    return {"model": config.model.name, "algorithms": list(config.algorithms), "batch_size": config.data.batch_size}
+
+
+def measured_rates(paths: list[Path], recipe: dict) -> dict[int, float]:
     """side -> together img/s, from diagnose JSONs of this recipe; a one-line ConfigError otherwise."""
     rates, where = {}, {}
     for path in paths:
@@ -89,8 +93,8 @@ def measured_rates(paths: list[Path], schedule: dict) -> dict[int, float]:
         except KeyError as error:
             raise ConfigError(f"{path}: no key {error.args[0]!r}; write it with tools/diagnose.py --json") from None
         for key, value in measured.items():
-            if value != schedule[key]:
-                raise ConfigError(f"{path}: measured with {key} {value}, the recipe has {schedule[key]}")
+            if value != recipe[key]:
+                raise ConfigError(f"{path}: measured with {key} {value}, the recipe has {recipe[key]}")
         if rate <= 0:
             raise ConfigError(f"{path}: together_img_per_s must be > 0, got {rate}")
         if side in rates:
@@ -165,9 +169,9 @@ def main(argv=None) -> int:
         parser.error("need --gpus >= 1, 0 < --scaling <= 1, --train-images >= --gpus, --val-images >= 1, "
                      "--eval-img-per-s > 0")
     try:
+        rates = measured_rates(args.measured, recipe_identity(load_config(args.config, args.overrides)))
         schedule = recipe_schedule(args.config, args.overrides, args.gpus, args.train_images, args.val_images)
-        projection = project(schedule, measured_rates(args.measured, schedule), args.gpus, args.scaling,
-                             args.eval_img_per_s)
+        projection = project(schedule, rates, args.gpus, args.scaling, args.eval_img_per_s)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return USAGE_ERROR
