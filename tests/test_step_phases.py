@@ -47,14 +47,16 @@ def test_phases_add_up_to_the_step_time_and_a_slow_hook_lands_in_hooks(tmp_path)
 
 
 def test_a_loader_that_decodes_in_the_training_process_shows_as_data(sample_sets, tmp_path):
-    """400x350 px photos decoded with no workers: tens of milliseconds a step waiting for data;
-    synthetic batches already in memory: hardly any."""
+    """16 photos of about 400x350 px decoded a step, with no workers: over 10 ms a step waiting for
+    data (13-22 ms on the 2-core EPYC with AVX-512; at 8 a step, 6.6 ms once failed the ratio below
+    against a synthetic run that stalled); synthetic batches already in memory: hardly any."""
     decoded = tiny_trainer(tmp_path / "photos", [], "data.backend=folder", f"data.path={sample_sets / 'photos'}",
-                           "data.num_workers=0", "data.num_classes=23", "max_duration=6ba").fit()["step_phases"]
+                           "data.num_workers=0", "data.num_classes=23", "data.batch_size=16",
+                           "max_duration=5ba").fit()["step_phases"]
     synthetic = tiny_trainer(tmp_path / "synthetic", []).fit()["step_phases"]
     per_step = {name: seconds_in(phases, "data") / phases["steps"]
                 for name, phases in (("decoded", decoded), ("synthetic", synthetic))}
-    assert per_step["decoded"] > 0.005 and per_step["decoded"] > 20 * per_step["synthetic"], (decoded, synthetic)
+    assert per_step["decoded"] > 0.005 and per_step["decoded"] > 10 * per_step["synthetic"], (decoded, synthetic)
 
 
 def test_off_records_nothing(tmp_path):
