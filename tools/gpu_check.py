@@ -199,20 +199,17 @@ def end_to_end_lines(work: Path, results: Path, machine: str) -> list[str]:
              "img/s; synced: a sync after every step (diagnose's verdict); as training: none (free-running).", "",
              "| run | side | compile | hw decoder share | loader alone | model synced | together synced | "
              "model as training | together as training | together / model as training |", "|" + "---|" * 10]
-
-    def as_training(f: dict, key: str) -> float | None:
-        return (f.get("free_running") or {}).get(key)
     for name, f in sorted(runs.items(), key=lambda item: (-item[1]["side"], item[0])):
-        model, together = as_training(f, "model_img_per_s"), as_training(f, "together_img_per_s")
+        free = f.get("free_running")
         lines.append(f"| {name} | {f['side']} | {'on' if f['compile'] else 'off'} | {f.get('hw_decoder_load', '')} | "
                      f"{f['loader_img_per_s']:,.0f} | {f['model_img_per_s']:,.0f} | {f['together_img_per_s']:,.0f} | "
-                     + (f"{model:,.0f} | {together:,.0f} | {together / model:.1%} |" if model and together else
-                        "| | |"))
+                     + (f"{free['model_img_per_s']:,.0f} | {free['together_img_per_s']:,.0f} | "
+                        f"{free['together_img_per_s'] / free['model_img_per_s']:.1%} |" if free else "| | |"))
     if "176" in runs:
-        f = runs["176"]
-        model, together = as_training(f, "model_img_per_s"), as_training(f, "together_img_per_s")
-        how = "as training runs" if model and together else "with a sync per step (no free-running figures)"
-        share = together / model if model and together else f["together_img_per_s"] / f["model_img_per_s"]
+        free = runs["176"].get("free_running")
+        how, figures = ("as training runs", free) if free else \
+            ("with a sync per step (no free-running figures)", runs["176"])
+        share = figures["together_img_per_s"] / figures["model_img_per_s"]
         lines += ["", f"At 176 px, compiled, {how}: end to end is {share:.1%} of model-bound; the target is "
                       f"{E2E_TARGET:.0%}: **{'met' if share >= E2E_TARGET else 'not met'}**."]
     return lines + projection_lines(work, results, machine)
