@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import append_results, signature  # noqa: E402
+from benchmarks.hardware import append_results, cpu_words, signature  # noqa: E402
 
 CONVERTERS = {"ffcv": "convert_ffcv.py", "webdataset": "convert_wds.py"}
 
@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     hardware = signature()
-    print(f"# {hardware['cpu_model']}, {hardware['cpu_cores']} cores, {hardware['ram_gb']} GiB; source {args.src}")
+    print(f"# {cpu_words(hardware)}, {hardware['cpu_cores']} cores, {hardware['ram_gb']} GiB; source {args.src}")
     print(f"{'format':<11} {'workers':>7} {'images':>7} {'median s':>9} {'img/s':>7} {'MiB':>7}")
     rows = []
     for name in args.formats.split(","):

@@ -3,7 +3,8 @@
 Every benchmark appends its figures, one JSON object a line, to
 `benchmarks/results/<hardware-slug>.jsonl` through `append_results`, which adds the
 hardware, library versions, git commit and date to each row. The slug names the CPU, its
-core count and the GPUs (e.g. `intel-xeon-processor-2c`, `...-16c-1x-nvidia-h100-80gb-hbm3`),
+vector extension, its core count and the GPUs (e.g. `amd-epyc-avx2-2c`, `amd-epyc-avx512-2c`,
+`intel-xeon-processor-16c-1x-nvidia-h100-80gb-hbm3`, filed before the extension was recorded),
 so figures from one kind of machine gather in one file whatever the benchmark. The signature
 itself is `pipeline/machine.py`'s: `backend: auto` reads this machine's file too.
 """
@@ -15,7 +16,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.machine import RESULTS, cpu_model, gpus, memory_gib, results_path, signature, slug  # noqa: F401
+from pipeline.machine import RESULTS, cpu_model, cpu_words, gpus, memory_gib, results_path, signature, slug  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARIES = ("torch", "numpy", "ffcv", "nvidia-dali-cuda120", "nvidia-dali-cuda130", "webdataset", "pillow-simd",

@@ -43,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import RESULTS, append_results, signature  # noqa: E402
+from benchmarks.hardware import RESULTS, append_results, cpu_words, signature  # noqa: E402
 
 # name -> (how it is built, the data form it reads)
 CONFIGURATIONS = {
@@ -209,7 +209,7 @@ def main() -> int:
             forms[form] = (convert(form, args.source, args.cache), f"{args.source.name} ({CONVERSIONS[form][2]})")
 
     hardware = signature(args.instance_type)
-    print(f"# {hardware['cpu_model']}, {hardware['cpu_cores']} cores, {hardware['gpu_count']} GPUs; batch "
+    print(f"# {cpu_words(hardware)}, {hardware['cpu_cores']} cores, {hardware['gpu_count']} GPUs; batch "
           f"{args.batch_size}; median of {args.epochs} epochs after a warm-up")
     print(f"{'backend':<16} {'split':<5} {'res':>4} {'workers':>7} {'img/s':>7} {'x bound':>7} {'cpu':>5} {'MiB':>6}")
     # DALI on CUDA once per hardware-decoder share asked for; everything else once

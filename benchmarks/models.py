@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import RESULTS, append_results, signature  # noqa: E402
+from benchmarks.hardware import RESULTS, append_results, cpu_words, signature  # noqa: E402
 from training.models import MODELS  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -210,7 +210,7 @@ def main() -> int:
 
     hardware = signature(args.instance_type)
     gpu = f", {hardware['gpu_count']}x {hardware['gpu_model']}" if hardware["gpu_count"] else ""
-    print(f"# {hardware['cpu_model']}, {hardware['cpu_cores']} cores{gpu}; device {device}, batch {batch}, "
+    print(f"# {cpu_words(hardware)}, {hardware['cpu_cores']} cores{gpu}; device {device}, batch {batch}, "
           f"median per-step rate of {args.iters} steps after {args.warmup} warm-up, {len(grid)} configurations")
     print(f"{'model':<13} {'res':>4} {'prec':<5} {'layout':<13} {'compile':<7} {'step':<5} {'img/s':>9} "
           f"{'ms/step':>8}")   # ms/step: at the median rate

@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import RESULTS, slug  # noqa: E402
+from benchmarks.hardware import RESULTS, cpu_words, slug  # noqa: E402
 
 
 def load_atomic_files():
@@ -158,7 +158,7 @@ def describe(hardware: dict) -> str:
     gpu = f"{hardware['gpu_count']}x {hardware['gpu_model']}" + (f" (driver {hardware['driver']})"
                                                                  if hardware.get("driver") else "") \
         if hardware.get("gpu_count") else "no GPU"
-    parts = [f"{hardware['cpu_model']}, {hardware['cpu_cores']} cores", f"{hardware.get('ram_gb')} GiB RAM", gpu]
+    parts = [f"{cpu_words(hardware)}, {hardware['cpu_cores']} cores", f"{hardware.get('ram_gb')} GiB RAM", gpu]
     if hardware.get("instance_type"):
         parts.append(f"instance type {hardware['instance_type']}")
     if hardware.get("python"):

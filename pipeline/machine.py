@@ -1,6 +1,10 @@
 """Which machine this is: the hardware signature every benchmark figure is stored with, and the
 name of the results file it goes to (`benchmarks/results/<slug>.jsonl`), which `backend: auto`
-reads to pick a loader (`pipeline/auto_backend.py`).
+reads to pick a loader (`pipeline/auto_backend.py`) and a tradeoff sweep names its machine by.
+
+The CPU's widest vector extension is part of both: 2-core VMs named just "AMD EPYC" come with
+AVX-512 or with AVX2 only, and differ by far more than noise (training ~1.5x, bf16 autocast
+13-16x, oneDNN kernels that differ in correctness: docs/troubleshooting.md).
 """
 from __future__ import annotations
 
@@ -22,6 +26,19 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def widest_isa(flags) -> str:
+    """'avx512' or 'avx2' for an x86-64 CPU with these /proc/cpuinfo flags; '' for anything less."""
+    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else ""
+
+
+def cpu_isa() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return widest_isa(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return ""
 
 
 def memory_gib() -> float:
@@ -49,22 +66,30 @@ def signature(instance_type: str | None = None) -> dict:
     """The machine, as every result row records it. `instance_type` (e.g. p4d.24xlarge) may also
     come from the environment variable FASTPIPE_INSTANCE_TYPE."""
     names, driver = gpus()
-    return {"cpu_model": cpu_model(), "cpu_cores": os.cpu_count(), "ram_gb": memory_gib(),
+    return {"cpu_model": cpu_model(), "cpu_isa": cpu_isa(), "cpu_cores": os.cpu_count(), "ram_gb": memory_gib(),
             "gpu_model": names[0] if names else "", "gpu_count": len(names), "driver": driver,
             "instance_type": instance_type or os.environ.get("FASTPIPE_INSTANCE_TYPE", ""),
             "python": platform.python_version()}
 
 
 def slug(hardware: dict) -> str:
-    """A file name for this kind of machine: the instance type if given, else CPU, cores and GPUs."""
+    """A file name for this kind of machine: the instance type if given, else CPU, its vector
+    extension, cores and GPUs (`amd-epyc-avx2-2c`). Rows recorded before the extension was
+    (no `cpu_isa` key) keep the name they were filed under."""
     if hardware.get("instance_type"):
         name = hardware["instance_type"]
     else:
         cpu = re.sub(r"\((r|tm)\)|cpu|@.*", "", hardware["cpu_model"], flags=re.IGNORECASE)
-        name = f"{cpu}-{hardware['cpu_cores']}c"
+        name = "-".join(part for part in (cpu, hardware.get("cpu_isa"), f"{hardware['cpu_cores']}c") if part)
         if hardware.get("gpu_count"):
             name += f"-{hardware['gpu_count']}x-{hardware['gpu_model']}"
     return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
+
+
+def cpu_words(hardware: dict) -> str:
+    """The CPU as figures are labelled with it: 'AMD EPYC (AVX2)', 'AMD EPYC (AVX-512)'."""
+    isa = {"avx512": "AVX-512", "avx2": "AVX2"}.get(hardware.get("cpu_isa", ""), hardware.get("cpu_isa", ""))
+    return f"{hardware.get('cpu_model', '?')} ({isa})" if isa else hardware.get("cpu_model", "?")
 
 
 def results_path(hardware: dict, directory: Path = RESULTS) -> Path:

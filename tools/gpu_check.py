@@ -44,7 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import RESULTS, signature, slug  # noqa: E402
+from benchmarks.hardware import RESULTS, cpu_words, signature, slug  # noqa: E402
 from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 
 PY = sys.executable
@@ -144,7 +144,7 @@ def report(work: Path, results: Path, hardware: dict) -> str:
     since = record.get("started", 0)
     machine = slug(hardware)
     lines = [f"# GPU check on {hardware.get('gpu_model')} x{hardware.get('gpu_count')}, "
-             f"{hardware['cpu_model']} ({hardware['cpu_cores']} cores)", "",
+             f"{cpu_words(hardware)}, {hardware['cpu_cores']} cores", "",
              "| stage | outcome | seconds |", "|---|---|---|"]
     lines += [f"| {s['stage']} | {s['status']} | {s['seconds']:.0f} |" for s in record.get("stages", [])]
     test_log = work / "tests.log"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from pipeline.machine import cpu_words
+
 
 @dataclass(frozen=True)
 class CurvePoint:
@@ -185,7 +187,7 @@ def report_markdown(points: list[dict], baseline: str, ablation: dict | None = N
     hardware = done[0]["hardware"] if done else (points[0]["hardware"] if points else {})
     commits = sorted({p.get("commit", "?") for p in points})
     lines = ["# Quality against training time", "",
-             f"{hardware.get('cpu_model', '?')}, {hardware.get('cpu_cores', '?')} cores"
+             f"{cpu_words(hardware)}, {hardware.get('cpu_cores', '?')} cores"
              + (f", {hardware['gpu_count']}x {hardware['gpu_model']}" if hardware.get("gpu_count") else ", no GPU")
              + f"; {len(done)} runs finished, {len(failed)} failed; commit {', '.join(commits)}.", "",
              "Time is the training loop's wall time (evaluations and checkpoints included, start-up not); "
