@@ -103,3 +103,12 @@ def test_report_checks_176_against_the_target_and_projects_8_gpus(tmp_path):
     (work / "e2e-88.json").unlink()
     assert "Projection to 8 GPUs: not made, fewer than two sides measured end to end." in \
         gpu_check.report(work, results, H100)
+
+
+def test_the_e2e_epochs_are_where_resnet50_mild_trains_at_those_sides():
+    """The e2e stage names its runs by side but asks diagnose for epochs: if the recipe's schedule
+    moves, the run called 176 would measure another side."""
+    import project_time
+    mild = project_time.recipe_schedule(str(ROOT / gpu_check.RECIPES / "resnet50_mild.yaml"), [], 1, 2560, 256)
+    assert {side: mild["sides"][epoch] for side, epoch in gpu_check.E2E_EPOCHS.items()} == \
+        {side: side for side in gpu_check.E2E_EPOCHS}

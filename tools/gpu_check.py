@@ -57,7 +57,8 @@ STAGE_NAMES = ("tests", "data", "loaders", "models", "diagnose", "e2e", "e2e-var
 E2E_TARGET = 0.95     # end to end at 176 px, as a share of model-bound (issue 17)
 # resnet50_mild's 36 epochs (0.4 x 90) train at 176 px from epoch 29 to the last, 35, at 132 px
 # at epoch 21 (the ramp's middle) and at 88 px from epoch 0 (pipeline/schedules.ComposerRamp);
-# the JSONs record the side each measured, and the projection reads that, not these numbers.
+# the JSONs record the side each measured, and the projection reads that, not these numbers;
+# tests/test_gpu_check.py checks these epochs against the trainer's own schedule.
 E2E_EPOCHS = {176: 35, 132: 21, 88: 0}
 
 
