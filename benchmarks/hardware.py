@@ -16,7 +16,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.machine import RESULTS, cpu_model, cpu_words, gpus, memory_gib, results_path, signature, slug  # noqa: F401
+from pipeline.machine import (RESULTS, cpu_model, cpu_words, gpus, memory_gib, results_path,  # noqa: F401
+                              signature, slug)
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARIES = ("torch", "numpy", "ffcv", "nvidia-dali-cuda120", "nvidia-dali-cuda130", "webdataset", "pillow-simd",
