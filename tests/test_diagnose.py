@@ -93,6 +93,9 @@ def test_resnet18_on_small_jpegs_is_model_bound(sample_sets, tmp_path):
     assert saved["verdict"] == "MODEL-BOUND" and saved["loader_img_per_s"] > 1.1 * saved["model_img_per_s"], stdout
     assert "verdict: MODEL-BOUND." in stdout
     assert saved["lower_resolution"]["side"] == 24 and saved["lower_resolution"]["img_per_s"] > 0
+    assert saved["other_precision"]["precision"] == "bf16" and saved["other_precision"]["img_per_s"] > 0
+    bf16_faster = saved["other_precision"]["img_per_s"] > 1.1 * saved["model_img_per_s"]
+    assert bf16_faster == any(tip.startswith("precision=bf16 (fp32 now)") for tip in saved["suggestions"]), stdout
     assert any(tip.startswith("data.batch_size=16") for tip in saved["suggestions"]), stdout
 
 
@@ -141,3 +144,16 @@ def test_backend_suggestion_reads_this_machines_loader_figures(tmp_path, monkeyp
     assert "ffcv" in tool.backend_from_results(32, "folder")
     monkeypatch.setattr(tool, "results_path", lambda hardware: tmp_path / "none.jsonl")
     assert "run benchmarks/loaders.py" in tool.backend_from_results(176, "folder")
+
+
+def test_precision_tip_only_when_the_other_precision_is_measured_faster():
+    """Beyond the 10% noise band, in either direction; unmeasured, only a GPU's fp32 gets the tip."""
+    from diagnose import precision_tip
+    tip = precision_tip("fp32", 600.0, {"precision": "bf16", "img_per_s": 1009.0}, on_cuda=False)
+    assert tip.startswith("precision=bf16 (fp32 now): the model alone does 1,009 img/s in bf16 (measured, 1.68x)")
+    assert precision_tip("bf16", 50.0, {"precision": "fp32", "img_per_s": 800.0}, on_cuda=False).startswith(
+        "precision=fp32 (bf16 now)")
+    assert precision_tip("fp32", 600.0, {"precision": "bf16", "img_per_s": 650.0}, on_cuda=False) is None
+    assert precision_tip("fp32", 600.0, {"precision": "bf16", "img_per_s": 300.0}, on_cuda=True) is None
+    assert "not measured here" in precision_tip("fp32", 600.0, None, on_cuda=True)
+    assert precision_tip("fp32", 600.0, None, on_cuda=False) is None

@@ -33,6 +33,11 @@ BALANCED when the loader alone is within 10% of the model alone, else MODEL-BOUN
 machine without an accelerator the loader workers and the model share the CPU cores, so
 "together" can fall below both alone figures: flagged as CPU contention when it is more
 than 10% below the slower one. Suggestions follow, with numbers, only those that apply.
+
+Unless the run is data-bound, the model alone is also measured briefly at a lower resolution
+and in the other of fp32 and bf16: which precision is faster on a CPU depends on the machine,
+not on its name (bf16 about 1.4x faster on a 2-core AMD EPYC with avx512_bf16, 13-16x slower on an
+AVX2-only one, slower on a 2-core Xeon that has avx512_bf16; docs/troubleshooting.md).
 """
 from __future__ import annotations
 
@@ -238,13 +243,44 @@ def suggestions(figures: dict, config, spec, cores: int, ranks: int, on_cuda: bo
                         f"{how} gives it {per_rank}")
         if not config.channels_last:
             tips.append("channels_last=true (off now): NHWC convolutions, most of the gain on GPUs under AMP")
-        if on_cuda and config.precision == "fp32":
-            tips.append("precision=bf16 (fp32 now): autocast runs the convolutions on tensor cores (not measured here)")
+        tip = precision_tip(config.precision, figures["model_img_per_s"], figures.get("other_precision"), on_cuda)
+        if tip:
+            tips.append(tip)
         if not config.compile:
             tips.append("compile=true (off now): torch.compile fuses the model's elementwise work (not measured here)")
         tips.append(f"data.batch_size={2 * config.data.batch_size} (now {config.data.batch_size}), if memory allows: "
                     f"the LR follows linearly (optim.lr_reference_batch)")
     return tips
+
+
+def precision_tip(current: str, model_ips: float, other: dict | None, on_cuda: bool) -> str | None:
+    """Switch precision when the other one's model-alone figure is more than NOISE faster. Unmeasured
+    (compile on), only the GPU's case is sure enough to name: CPUs of one name differ (module doc)."""
+    if other is None:
+        return ("precision=bf16 (fp32 now): autocast runs the convolutions on tensor cores (not measured here)"
+                if on_cuda and current == "fp32" else None)
+    if other["img_per_s"] <= (1 + NOISE) * model_ips:
+        return None
+    return (f"precision={other['precision']} ({current} now): the model alone does {other['img_per_s']:,.0f} img/s "
+            f"in {other['precision']} (measured, {other['img_per_s'] / model_ips:.2f}x); check the accuracy with "
+            f"tools/tradeoff.py")
+
+
+def other_precision(trainer: Trainer, args, device: torch.device) -> dict | None:
+    """The model alone in the other of fp32 and bf16, measured briefly; None for fp16 (it brings its
+    GradScaler) and under compile (a new autocast state would recompile the model)."""
+    other = {"fp32": "bf16", "bf16": "fp32"}.get(trainer.config.precision)
+    if other is None or trainer.config.compile:
+        return None
+    state, saved = trainer.state, trainer.autocast
+    trainer.autocast = state.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16,
+                                                               enabled=other == "bf16")
+    try:
+        quick = measure(synthetic_twin(state.train_loader), args.epoch, min(args.warmup, 5),
+                        max(5, args.steps // 4), device, real_train_step(trainer))
+    finally:
+        trainer.autocast = state.autocast = saved
+    return {"precision": other, "img_per_s": round(quick["img_per_s"], 1)}
 
 
 def lower_resolution(trainer: Trainer, args, figures: dict, device: torch.device) -> dict | None:
@@ -298,6 +334,7 @@ def diagnose(args, config, algorithms) -> dict:
     figures["verdict_text"] = explain(figures, cores)
     if figures["verdict"] != "DATA-BOUND":
         figures["lower_resolution"] = lower_resolution(trainer, args, figures, device)
+        figures["other_precision"] = other_precision(trainer, args, device)
     figures["suggestions"] = suggestions(figures, config, spec, cores, ranks, device.type == "cuda")
     return figures
 
