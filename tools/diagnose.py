@@ -267,17 +267,19 @@ def precision_tip(current: str, model_ips: float, other: dict | None, on_cuda: b
 
 
 def other_precision(trainer: Trainer, args, device: torch.device) -> dict | None:
-    """The model alone in the other of fp32 and bf16, measured briefly; None for fp16 (it brings its
-    GradScaler) and under compile (a new autocast state would recompile the model)."""
+    """The model alone in the other of fp32 and bf16, measured briefly (a tenth of --steps: bf16 can be
+    13-16x slower on a CPU); None for fp16 (it brings its GradScaler), under compile (a new autocast
+    state would recompile the model) and on a GPU without bf16."""
     other = {"fp32": "bf16", "bf16": "fp32"}.get(trainer.config.precision)
-    if other is None or trainer.config.compile:
+    no_bf16 = device.type == "cuda" and not torch.cuda.is_bf16_supported()
+    if other is None or trainer.config.compile or no_bf16:
         return None
     state, saved = trainer.state, trainer.autocast
     trainer.autocast = state.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16,
                                                                enabled=other == "bf16")
     try:
-        quick = measure(synthetic_twin(state.train_loader), args.epoch, min(args.warmup, 5),
-                        max(5, args.steps // 4), device, real_train_step(trainer))
+        quick = measure(synthetic_twin(state.train_loader), args.epoch, min(args.warmup, 3),
+                        max(5, args.steps // 10), device, real_train_step(trainer))
     finally:
         trainer.autocast = state.autocast = saved
     return {"precision": other, "img_per_s": round(quick["img_per_s"], 1)}
