@@ -82,6 +82,7 @@ def measure(config: dict) -> dict:
     from training.config import OptimizerConfig
     from training.models import build_model
     from training.optim import build_optimizer
+    from training.trainer import autocast_for
 
     device = torch.device(config["device"])
     cuda = device.type == "cuda"
@@ -100,11 +101,7 @@ def measure(config: dict) -> dict:
     model = build_model(config["model"], NUM_CLASSES).to(device, memory_format=memory_format)
     model.train(config["step"] == "train")
     run = torch.compile(model) if config["compile"] else model
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config["precision"])
-
-    def autocast():
-        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
-
+    autocast = autocast_for(device, config["precision"])
     if config["step"] == "train":
         optimizer = build_optimizer(model, OptimizerConfig(), batch)
         scaler = torch.amp.GradScaler(device.type, enabled=config["precision"] == "fp16")

@@ -63,7 +63,7 @@ from pipeline.datasets import DatasetError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 from training.distributed import init_world  # noqa: E402
 from training.main import USAGE_ERROR, algorithms_from_config  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
+from training.trainer import Trainer, autocast_for  # noqa: E402
 
 NOISE = 0.10          # relative differences below this are noise on shared machines
 LOWER_SCALE = 0.75    # the lower resolution tried for the model: 224 -> 168 px
@@ -275,8 +275,7 @@ def other_precision(trainer: Trainer, args, device: torch.device) -> dict | None
     if other is None or trainer.config.compile or no_bf16:
         return None
     state, saved = trainer.state, trainer.autocast
-    trainer.autocast = state.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16,
-                                                               enabled=other == "bf16")
+    trainer.autocast = state.autocast = autocast_for(device, other)
     try:
         quick = measure(synthetic_twin(state.train_loader), args.epoch, min(args.warmup, 3),
                         max(5, args.steps // 10), device, real_train_step(trainer))

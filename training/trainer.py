@@ -38,6 +38,12 @@ log = logging.getLogger("training")
 CHECKPOINT_FORMAT = 1
 
 
+def autocast_for(device: torch.device, precision: str):
+    """A factory of autocast contexts for `precision` on `device`; fp32 gives disabled ones."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
 class Trainer:
     def __init__(self, config: Config, world: dist.World, algorithms=()):
         self.config, self.world = config, world
@@ -58,8 +64,7 @@ class Trainer:
                             bce_bias_init=config.model.bce_bias_init, **_small_resnet_options(config))
         model = model.to(device, memory_format=torch.channels_last if config.channels_last else torch.contiguous_format)
         seed_everything(config.seed, world.rank)
-        precision = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
-        self.autocast = lambda: torch.autocast(device.type, dtype=precision, enabled=precision is not None)
+        self.autocast = autocast_for(device, config.precision)
         state = self.state = State(config=config, world=world, model=model, train_loader=train_loader,
                                    val_loader=val_loader, num_classes=train_loader.num_classes,
                                    steps_per_epoch=len(train_loader), algorithms=list(algorithms),
