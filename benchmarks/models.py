@@ -82,7 +82,7 @@ def measure(config: dict) -> dict:
     from training.config import OptimizerConfig
     from training.models import build_model
     from training.optim import build_optimizer
-    from training.trainer import autocast_for
+    from training.precision import autocast_for
 
     device = torch.device(config["device"])
     cuda = device.type == "cuda"

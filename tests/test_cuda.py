@@ -128,6 +128,14 @@ def test_train_steps_in_bf16_and_fp16_channels_last_under_torchrun_nccl(tmp_path
     assert summary["epochs"] == 2 and summary["train_img_per_s"] > 0, summary
 
 
+@pytest.mark.timeout(300)
+def test_precision_auto_on_cuda_is_bf16_where_the_gpu_has_it_without_measuring(tmp_path):
+    log = torchrun(tmp_path, "max_duration=1ep", "precision=auto")
+    expected = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    assert f"precision auto: {expected} (this GPU " in log and "train step here" not in log, log[-2000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["precision"] == expected
+
+
 @pytest.mark.timeout(400)
 def test_a_checkpoint_written_on_cuda_resumes_on_the_cpu_and_back(tmp_path):
     common = ("precision=bf16", "channels_last=true", "data.synthetic_size=128", "model.name=small_resnet")

@@ -65,6 +65,7 @@ def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_
         assert row["default_duration"] == str(load_recipe(tradeoff.recipe_path(row["recipe"]))
                                               ["max_duration"])
         assert row["step_phases"]["steps"] > 0 and row["step_phases"]["forward"] > 0
+        assert row["precision"] in ("fp32", "bf16")              # the recipes' auto, as picked on this machine
         summary = json.loads((out / "runs" / f"{row['recipe']}-{row['duration']}-s0" /
                               "summary.json").read_text())
         assert row["val_top1"] == summary["last_val_top1"]        # the final evaluation, not the best
@@ -75,7 +76,7 @@ def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_
         assert list(saved["algorithms"]) == list(recipe.get("algorithms", {}))
     report = (out / "report.md").read_text()
     assert "fashion_mild" in report and "Pareto frontier" in report and "Against fashion_baseline" in report
-    assert "Where the step time goes" in report
+    assert "Where the step time goes" in report and "Precision as trained: fashion_baseline " in report
     assert (out / "tradeoff.png").stat().st_size > 1000
 
     other = subprocess.run([*command[:-1], "data.batch_size=32"], capture_output=True, text=True, timeout=120)
@@ -119,6 +120,16 @@ def test_each_recipe_is_compared_at_its_own_default_duration():
     assert rows["base"][2:] == (1, 0)
     report = tc.report_markdown([{**p, "hardware": {"cpu_model": "x", "cpu_cores": 2}} for p in points], "base")
     assert "| fast | 2ep | 88.50 | 110 | 28% | -1.50 |" in report
+
+
+def test_the_report_names_the_precision_each_recipe_trained_in():
+    points = [{**point("a", "1ep", 10, 70), "precision": "bf16"}, {**point("a", "2ep", 20, 80), "precision": "bf16"},
+              {**point("b", "1ep", 15, 75), "precision": "fp32"}, {**point("b", "1ep", 16, 75, seed=1), "precision": "bf16"},
+              {**point("b", "2ep", 30, 79), "precision": "fp32"}, point("c", "1ep", 5, 50)]    # c: before the field
+    assert tc.precisions(points) == "a bf16, b mixed: 1x bf16 2x fp32"
+    report = tc.report_markdown([{**p, "hardware": {"cpu_model": "x", "cpu_cores": 2}} for p in points], "a")
+    assert "Precision as trained: a bf16, b mixed: 1x bf16 2x fp32." in report
+    assert tc.precisions([point("c", "1ep", 5, 50)]) == ""
 
 
 def test_the_frontier_keeps_only_unbeaten_points_and_names_its_ranges():

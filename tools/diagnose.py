@@ -63,7 +63,8 @@ from pipeline.datasets import DatasetError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 from training.distributed import init_world  # noqa: E402
 from training.main import USAGE_ERROR, algorithms_from_config  # noqa: E402
-from training.trainer import Trainer, autocast_for  # noqa: E402
+from training.precision import autocast_for  # noqa: E402
+from training.trainer import Trainer  # noqa: E402
 
 NOISE = 0.10          # relative differences below this are noise on shared machines
 LOWER_SCALE = 0.75    # the lower resolution tried for the model: 224 -> 168 px

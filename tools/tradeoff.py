@@ -179,6 +179,7 @@ def run_point(point: Point, out: Path, nproc: int, overrides: list[str], hardwar
     return {**row, "val_top1": summary["last_val_top1"], "best_val_top1": summary["best_val_top1"],
             "train_wall_s": summary["wall_s"], "train_img_per_s": summary["train_img_per_s"],
             "epochs": summary["epochs"], "steps": summary["steps"], "world_size": summary["world_size"],
+            "precision": summary.get("precision"),
             "step_phases": summary.get("step_phases") or {}, "error": None}
 
 

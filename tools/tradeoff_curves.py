@@ -10,6 +10,7 @@ fastest point it is only known to be at most that point's time, above its best p
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 
 from pipeline.machine import cpu_words
@@ -192,6 +193,8 @@ def report_markdown(points: list[dict], baseline: str, ablation: dict | None = N
              + f"; {len(done)} runs finished, {len(failed)} failed; commit {', '.join(commits)}.", "",
              "Time is the training loop's wall time (evaluations and checkpoints included, start-up not); "
              "top-1 is the final evaluation's, the mean over seeds with the min-max range.", ""]
+    if trained_in := precisions(done):
+        lines += [f"Precision as trained: {trained_in}.", ""]
     if plot_name:
         lines += [f"![top-1 against training time]({plot_name})", ""]
     lines += ["| recipe | duration | seeds | top-1 % (min-max) | train s |", "|---|---|---:|---|---:|"]
@@ -259,6 +262,18 @@ def report_markdown(points: list[dict], baseline: str, ablation: dict | None = N
 
 
 PHASES = ("data", "forward", "loss", "backward", "optimizer", "hooks", "other")   # training/step_phases.py
+
+
+def precisions(points: list[dict]) -> str:
+    """Each recipe's precision as its runs trained (precision=auto picks it per run: a recipe whose
+    runs differ shows the count of each); empty for points from before the field."""
+    by_recipe: dict[str, Counter] = {}
+    for p in points:
+        if p.get("precision"):
+            by_recipe.setdefault(p["recipe"], Counter())[p["precision"]] += 1
+    return ", ".join(f"{recipe} " + (next(iter(counts)) if len(counts) == 1 else
+                                     "mixed: " + " ".join(f"{n}x {name}" for name, n in sorted(counts.items())))
+                     for recipe, counts in sorted(by_recipe.items()))
 
 
 def phase_shares(points: list[dict]) -> dict[str, tuple[str, float, dict]]:

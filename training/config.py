@@ -120,7 +120,9 @@ class Config:
     seed: int = 0
     max_duration: Duration = Duration(16, "ep")
     eval_interval: Duration = Duration(1, "ep")
-    precision: Literal["fp32", "bf16", "fp16"] = "bf16"   # fp16 (with a GradScaler) needs CUDA
+    # fp16 (with a GradScaler) needs CUDA; auto: bf16 on a GPU that has it, else fp16; on a CPU the
+    # faster of fp32 and bf16, measured at start (training/precision.py)
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "bf16"
     channels_last: bool = True
     compile: bool = False                 # torch.compile the model
     deterministic: bool = False           # torch.use_deterministic_algorithms, for exact reruns

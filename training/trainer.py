@@ -27,6 +27,7 @@ from training.engine import Engine
 from training.losses import build_loss
 from training.models import build_model
 from training.optim import build_optimizer, build_scheduler
+from training.precision import autocast_for, describe, gpu_precision, probe_cpu_precision
 from training.rng import rng_state, seed_everything, set_rng_state
 from training.run_log import RunLog, cannot_write
 from training.state import State
@@ -38,16 +39,15 @@ log = logging.getLogger("training")
 CHECKPOINT_FORMAT = 1
 
 
-def autocast_for(device: torch.device, precision: str):
-    """A factory of autocast contexts for `precision` on `device`; fp32 gives disabled ones."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    return lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
-
-
 class Trainer:
     def __init__(self, config: Config, world: dist.World, algorithms=()):
         self.config, self.world = config, world
+        self._precision_choice = None         # what precision=auto picked, and why
+        self.store = CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
         device = world.device
+        if config.precision == "auto" and device.type == "cuda":
+            self._precision_choice = gpu_precision()    # before INIT: algorithms check it (SAM refuses fp16)
+            config.precision = self._precision_choice["precision"]
         if config.precision == "fp16" and device.type != "cuda":
             raise ConfigError("precision=fp16 needs CUDA (it needs a GradScaler and CPUs lack fast fp16); use bf16")
         torch.use_deterministic_algorithms(config.deterministic)
@@ -80,6 +80,11 @@ class Trainer:
         except ValueError as error:
             raise ConfigError(f"config key 'algorithms': {error}") from None
 
+        if config.precision == "auto":                  # a CPU: measured on the model as INIT left it
+            self._precision_choice = self._cpu_precision(model, train_loader.num_classes)
+            config.precision = self._precision_choice["precision"]
+            self.autocast = state.autocast = autocast_for(device, config.precision)
+
         self.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
             if world.distributed else None
         state.train_model = self.ddp or model
@@ -90,7 +95,6 @@ class Trainer:
         state.scheduler = build_scheduler(state.optimizer, config.optim, state.steps_per_epoch, state.total_steps)
         state.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         state.loss_fn = build_loss(config.loss)
-        self.store = CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
         self.log = RunLog(Path(config.run_dir), world.is_main, config.log.progress, config.log.tensorboard)
         self.stops, self.stop = StopRequests(world), None
         self._wall_before = 0.0               # wall time of earlier sessions of this run
@@ -98,6 +102,23 @@ class Trainer:
         self.phases = StepPhases(config.log.step_phases is True or (config.log.step_phases == "auto" and not on_cuda),
                                  sync=torch.cuda.synchronize if on_cuda else None)
         self._session_start = time.perf_counter()
+
+    def _cpu_precision(self, model: torch.nn.Module, num_classes: int) -> dict:
+        """precision=auto on a CPU: the precision of the checkpoint this run resumes from, else the
+        faster of fp32 and bf16 as rank 0 measured it (every rank measures, sharing the cores as in training)."""
+        resume = self.config.resume
+        candidates = [] if resume == "never" else self.store.checkpoints()[::-1] if resume == "auto" else [Path(resume)]
+        for path in candidates:      # the one _resume will load: the newest that loads (mmap: its config only)
+            try:
+                saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["config"]["precision"]
+            except Exception:        # damaged: _resume skips it too (or names it, when it was asked for)
+                continue
+            if saved not in ("fp32", "bf16"):     # fp16 from a GPU: that run's numerics cannot go on here
+                break
+            return {"precision": saved, "why": f"as trained before, by checkpoint {path.name}"}
+        data = self.config.data
+        choice = probe_cpu_precision(model, data.batch_size, data.resolution, num_classes, self.config.channels_last)
+        return dist.broadcast_from_main(choice, self.world)
 
     # --- the run --------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -111,6 +132,8 @@ class Trainer:
         state, config = self.state, self.config
         self._resume()                              # may refuse before anything is written
         self._prepare_run_dir()
+        if self._precision_choice:
+            self.log.print(describe(self._precision_choice))
         source = config.data.backend + (f":{config.data.path}" if config.data.backend != "synthetic" else "")
         self.log.print(f"training {config.model.name} on {source}: "
                        f"{state.epochs} epochs of {state.steps_per_epoch} steps, {self.world.size} process(es) "
@@ -359,7 +382,8 @@ class Trainer:
                    "last_val_top5": state.metrics.get("val_top5"), "wall_s": round(self._wall_seconds(), 2),
                    "train_img_per_s": round(state.samples_seen / max(state.train_seconds, 1e-9), 1),
                    "epochs": round(state.step / state.steps_per_epoch, 3), "steps": state.step,
-                   "world_size": self.world.size, "device": str(self.world.device),
+                   "world_size": self.world.size, "device": str(self.world.device), "precision": self.config.precision,
+                   **({"precision_auto": self._precision_choice} if self._precision_choice else {}),
                    "step_phases": self.phases.shares()}
         if self.log.fault:
             raise RunFault(self.log.fault)
