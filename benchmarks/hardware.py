@@ -4,7 +4,7 @@ Every benchmark appends its figures, one JSON object a line, to
 `benchmarks/results/<hardware-slug>.jsonl` through `append_results`, which adds the
 hardware, library versions, git commit and date to each row. The slug names the CPU, its
 vector extension, its core count and the GPUs (e.g. `amd-epyc-avx2-2c`, `amd-epyc-avx512-2c`,
-`intel-xeon-processor-16c-1x-nvidia-h100-80gb-hbm3`, filed before the extension was recorded),
+`intel-xeon-processor-avx512-16c-1x-nvidia-h100-80gb-hbm3`),
 so figures from one kind of machine gather in one file whatever the benchmark. The signature
 itself is `pipeline/machine.py`'s: `backend: auto` reads this machine's file too.
 """

@@ -80,8 +80,12 @@ def read_manifest(out: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def debian_cache(request, tmp_path_factory) -> Path:
-    """Where make_sample_data unpacks the Debian packages it needs (about 170 MB), kept in
-    pytest's cache folder so that later sessions do not download them again."""
+    """Where make_sample_data unpacks the Debian packages it needs (about 170 MB): the set-up's
+    own folder when `make demo` made one (so a node without internet, given only that folder,
+    can run the suite), else pytest's cache folder, so that later sessions do not download
+    them again."""
+    if (ROOT / "data" / "sample" / ".debian").is_dir():
+        return ROOT / "data" / "sample" / ".debian"
     cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     return cache.mkdir("debian-packages") if cache else tmp_path_factory.mktemp("debian")
 

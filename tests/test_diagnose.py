@@ -157,3 +157,32 @@ def test_precision_tip_only_when_the_other_precision_is_measured_faster():
     assert precision_tip("fp32", 600.0, {"precision": "bf16", "img_per_s": 300.0}, on_cuda=True) is None
     assert "not measured here" in precision_tip("fp32", 600.0, None, on_cuda=True)
     assert precision_tip("fp32", 600.0, None, on_cuda=False) is None
+
+
+def test_a_loader_that_slows_the_step_on_a_gpu_is_named_with_what_to_try():
+    """The H100's figures (resnet50_mild at 176 px, DALI at hw_decoder_load 0.65): model-bound by the
+    verdict, yet 72% of model-bound as training runs with 2% waiting; a share within noise, much
+    waiting (data-bound instead) or a CPU run is not flagged."""
+    import dataclasses
+
+    import diagnose
+    from pipeline.spec import LoaderSpec
+    from training.config import load_config
+    h100 = {"loader_img_per_s": 28656.0, "model_img_per_s": 6791.0, "together_img_per_s": 5468.0, "wait_share": 0.02,
+            "free_running": {"model_img_per_s": 7164.0, "together_img_per_s": 5187.0}, "verdict": "MODEL-BOUND",
+            "cpu_contention": False, "torch_threads": 16, "resolution": [176, 176]}
+    assert diagnose.loader_slows_step(h100, on_cuda=True)
+    assert not diagnose.loader_slows_step(h100, on_cuda=False)
+    assert not diagnose.loader_slows_step({**h100, "wait_share": 0.11}, on_cuda=True)
+    assert not diagnose.loader_slows_step({**h100, "free_running": {"model_img_per_s": 7164.0,
+                                                                    "together_img_per_s": 6500.0}}, on_cuda=True)
+    figures = {**h100, "loader_slows_step": True}
+    assert "together reaches only 72% of the model alone while waiting for data 2%" in diagnose.explain(figures, 16)
+    config = load_config(str(ROOT / "algorithms" / "recipes" / "resnet50_mild.yaml"), [])
+    dali = LoaderSpec(backend="dali", path="data/bench/photos-large-wds", num_workers=16)
+    tips = diagnose.suggestions(figures, config, dali, 16, 1, on_cuda=True)
+    assert tips[0].startswith("data.hw_decoder_load=1 (now 0.65)") and "model's 6,791 img/s" in tips[1]
+    tips = diagnose.suggestions(figures, config, dataclasses.replace(dali, hw_decoder_load=1.0), 16, 1, on_cuda=True)
+    assert not any("hw_decoder_load" in tip for tip in tips) and "decodes on the CPU" in tips[0]
+    quiet = diagnose.suggestions({**figures, "loader_slows_step": False}, config, dali, 16, 1, on_cuda=True)
+    assert not any("hw_decoder_load" in tip or "decodes on the CPU" in tip for tip in quiet)

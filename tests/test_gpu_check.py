@@ -112,3 +112,14 @@ def test_the_e2e_epochs_are_where_resnet50_mild_trains_at_those_sides():
     mild = project_time.recipe_schedule(str(ROOT / gpu_check.RECIPES / "resnet50_mild.yaml"), [], 1, 2560, 256)
     assert {side: mild["sides"][epoch] for side, epoch in gpu_check.E2E_EPOCHS.items()} == \
         {side: side for side in gpu_check.E2E_EPOCHS}
+
+
+def test_every_diagnose_command_parses_with_its_overrides(tmp_path):
+    """gpu-check puts overrides after diagnose's options (compile=true after --epoch): each must
+    reach diagnose as an override, not end the run with 'unrecognized arguments' on the GPU."""
+    import diagnose
+    commands = [command for stage in gpu_check.stages(tmp_path, tmp_path).values() for command, _ in stage
+                if command[1] == "tools/diagnose.py"]
+    assert len(commands) == 7
+    for command in commands:
+        assert diagnose.parse_args(command[2:]).overrides == [a for a in command[2:] if "=" in a and a[0] != "-"]

@@ -32,7 +32,13 @@ alone's img/s, or the together run waits for data more than 10% of the time; oth
 BALANCED when the loader alone is within 10% of the model alone, else MODEL-BOUND. On a
 machine without an accelerator the loader workers and the model share the CPU cores, so
 "together" can fall below both alone figures: flagged as CPU contention when it is more
-than 10% below the slower one. Suggestions follow, with numbers, only those that apply.
+than 10% below the slower one. On a GPU, when the step as training runs is more than 10% slower
+beside the loader than alone although it hardly waits for data (at most 10% of the time), the
+loader slows the step itself: flagged as `loader_slows_step`. Measured so on an H100 with DALI
+`mixed` (resnet50_mild at 176 px: 72-86% of model-bound, waiting 2%): nvJPEG's CUDA stages and
+the resize take SMs from the step, and the step plus the loader's GPU time per image predicts
+the rate seen; with every JPEG on the hardware decoder (`data.hw_decoder_load=1`) the share rose
+in each of three paired runs. Suggestions follow, with numbers, only those that apply.
 
 Unless the run is data-bound, the model alone is also measured briefly at a lower resolution
 and in the other of fp32 and bf16: which precision is faster on a CPU depends on the machine,
@@ -83,7 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also model alone and together without a sync per step, as training runs "
                              "(always on CUDA)")
     parser.add_argument("--json", type=Path, help="also write the figures and verdict here (atomically)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.epoch < 0 or args.ranks_per_machine < 1:
         parser.error("need --steps >= 1, --warmup >= 0, --epoch >= 0, --ranks-per-machine >= 1")
     return args
@@ -160,6 +166,14 @@ def verdict(loader_ips: float, model_ips: float, wait_share: float) -> str:
     return "BALANCED" if ratio <= 1 + NOISE else "MODEL-BOUND"
 
 
+def loader_slows_step(figures: dict, on_cuda: bool) -> bool:
+    """On a GPU, as training runs: the step hardly waits for data, yet beside the loader it runs more
+    than NOISE slower than alone (module doc)."""
+    free = figures.get("free_running")
+    return bool(on_cuda and free and figures["wait_share"] <= NOISE
+                and free["together_img_per_s"] < (1 - NOISE) * free["model_img_per_s"])
+
+
 def explain(figures: dict, cores: int) -> str:
     ratio, wait = figures["loader_img_per_s"] / figures["model_img_per_s"], figures["wait_share"]
     text = {"DATA-BOUND": f"The loader delivers {ratio:.0%} of what the model can take." if ratio < 1 - NOISE else
@@ -177,6 +191,12 @@ def explain(figures: dict, cores: int) -> str:
     if figures["cpu_contention"]:
         text += (f" CPU contention: with no accelerator, loader workers and the model share the {cores} cores, so "
                  f"together runs at {figures['together_img_per_s'] / slower:.0%} of the slower of the two alone.")
+    if figures.get("loader_slows_step"):
+        free = figures["free_running"]
+        text += (f" Yet as training runs, together reaches only {free['together_img_per_s'] / free['model_img_per_s']:.0%}"
+                 f" of the model alone while waiting for data {figures['wait_share']:.0%} of the time: the loader "
+                 f"slows the step itself, with its own GPU work (decode, resize) or its threads beside the one "
+                 f"that launches the step.")
     return text
 
 
@@ -201,6 +221,13 @@ def backend_from_results(side: int, current: str) -> str | None:
 
 def suggestions(figures: dict, config, spec, cores: int, ranks: int, on_cuda: bool) -> list[str]:
     tips, per_rank = [], max(1, cores // ranks)
+    if figures.get("loader_slows_step") and spec.backend == "dali":
+        if spec.hw_decoder_load < 1:
+            tips.append(f"data.hw_decoder_load=1 (now {spec.hw_decoder_load:g}): every JPEG to the GPU's hardware "
+                        f"decoder, which leaves the SMs to the step (nvJPEG's CUDA decode does not)")
+        tips.append(f"a loader that decodes on the CPU (data.backend=webdataset or ffcv) leaves the GPU to the step, "
+                    f"if this machine's cores decode more than the model's {figures['model_img_per_s']:,.0f} img/s "
+                    f"(benchmarks/loaders.py --backends decode_bound,webdataset,ffcv --device cuda)")
     # FFCV sets torch's thread count to its own workers, so only other backends can be told apart
     if figures["cpu_contention"] and spec.backend != "ffcv" and figures["torch_threads"] + spec.num_workers > per_rank:
         tips.append(f"OMP_NUM_THREADS={max(1, per_rank - spec.num_workers)} (the model runs {figures['torch_threads']} "
@@ -333,6 +360,7 @@ def diagnose(args, config, algorithms) -> dict:
     figures["verdict"] = verdict(figures["loader_img_per_s"], figures["model_img_per_s"], figures["wait_share"])
     figures["cpu_contention"] = device.type == "cpu" and figures["together_img_per_s"] < (1 - NOISE) * min(
         figures["loader_img_per_s"], figures["model_img_per_s"])
+    figures["loader_slows_step"] = loader_slows_step(figures, device.type == "cuda")
     figures["verdict_text"] = explain(figures, cores)
     if figures["verdict"] != "DATA-BOUND":
         figures["lower_resolution"] = lower_resolution(trainer, args, figures, device)

@@ -9,7 +9,8 @@ Stages, each a subprocess with its own time limit (a hang fails one stage, the r
   `folder`, every backend onto the device from pinned memory, bf16 and fp16 train steps with
   channels-last under torchrun (NCCL), checkpoints between CUDA and the CPU, NCCL all-reduce;
 - data: the photos-large decode set (46,000 train JPEGs; tools/make_sample_data.py), since
-  the 2,875-image photos sample is over in a fraction of a second on a GPU;
+  the 2,875-image photos sample is over in a fraction of a second on a GPU, and its WebDataset
+  conversion, which the later stages read (made here too, so that any of them can run alone);
 - loaders: benchmarks/loaders.py on it to the GPU: the CPU and GPU decode bounds, DALI
   `mixed` and the webdataset engine at train 224/176/160/128 and val 224, and DALI at
   hardware-decoder shares 0 and 1 at 176;
@@ -45,11 +46,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.hardware import RESULTS, cpu_words, signature, slug  # noqa: E402
+from benchmarks.loaders import CONVERSIONS  # noqa: E402
 from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 
 PY = sys.executable
 LARGE = "data/sample/photos-large"
-LARGE_WDS = "data/bench/photos-large-wds"      # benchmarks/loaders.py converts it there
+LARGE_WDS = "data/bench/photos-large-wds"      # where benchmarks/loaders.py keeps its conversion
 TRAIN_RESOLUTIONS = "224,176,160,128"
 RECIPES = "algorithms/recipes"
 PYTEST_SUMMARY = re.compile(r"^(\d+ (passed|failed|skipped|errors?)(, )?)+.* in [\d.]+s")
@@ -80,7 +82,8 @@ def stages(work: Path, results: Path) -> dict:
                  "log.progress=false", "log.interval=20", f"run_dir={work / 'resnet50_mild'}"]
     return {
         "tests": [([PY, "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-n", "2", "-rs", "-q"], 540)],
-        "data": [([PY, "tools/make_sample_data.py", "photos-large", "--out", "data/sample"], 300)],
+        "data": [([PY, "tools/make_sample_data.py", "photos-large", "--out", "data/sample"], 300),
+                 ([PY, "tools/convert_wds.py", LARGE, LARGE_WDS, *CONVERSIONS["wds"][1], "--num-workers", cores], 300)],
         "loaders": [([*loaders, "--backends", "decode_bound,gpu_decode_bound,dali-wds,webdataset",
                       "--resolutions", TRAIN_RESOLUTIONS, "--val-resolutions", "224"], 420),
                     ([*loaders, "--backends", "dali-wds", "--splits", "train", "--resolutions", "176",
