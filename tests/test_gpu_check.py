@@ -72,21 +72,27 @@ def test_report_checks_176_against_the_target_and_projects_8_gpus(tmp_path):
     work, results = tmp_path / "work", tmp_path / "results"
     work.mkdir()
     mild = {"model": "resnet50", "batch_size": 256, "algorithms": ["scale_schedule", "bce", "blurpool", "channels_last",
-            "label_smoothing", "progressive_resizing", "ema"], "hw_decoder_load": 0.65, "loader_img_per_s": 16000.0}
+            "label_smoothing", "progressive_resizing", "ema"], "backend": "dali", "num_workers": 16,
+            "hw_decoder_load": 0.65, "loader_img_per_s": 16000.0}
     # as training runs, one rate at every side: the projection is then 36 epochs at 5,000 img/s per GPU
     for name, side, compiled, model in (("176", 176, True, 5400.0), ("132", 132, True, 6000.0),
-                                        ("88", 88, True, 7000.0), ("176-eager", 176, False, 5100.0)):
+                                        ("88", 88, True, 7000.0), ("176-eager", 176, False, 5100.0),
+                                        ("176-webdataset", 176, True, 5300.0)):
         free = {"model_img_per_s": model, "together_img_per_s": 5000.0} if compiled else None
         (work / f"e2e-{name}.json").write_text(json.dumps({
             **mild, "side": side, "compile": compiled, "model_img_per_s": model - 400,
-            "together_img_per_s": 4000.0, **({"free_running": free} if free else {})}))
+            "together_img_per_s": 4000.0, **({"free_running": free} if free else {}),
+            **({"backend": "webdataset"} if name.endswith("webdataset") else {})}))
     append_results([{"benchmark": "models", "model": "resnet50", "resolution": 224, "step": "eval", "precision": "bf16",
                      "channels_last": True, "compile": False, "img_per_s": 12000.0},
                     {"benchmark": "loaders", "backend": "dali-wds", "split": "val", "resolution": 224,
                      "img_per_s": 9000.0}], H100, results)
     text = gpu_check.report(work, results, H100)
-    assert "| 176 | 176 | on | 0.65 | 16,000 | 5,000 | 4,000 | 5,400 | 5,000 | 92.6% |" in text
-    assert "| 176-eager | 176 | off | 0.65 | 16,000 | 4,700 | 4,000 | | | |" in text
+    dali = "dali, 16 threads, hw decoder 0.65"
+    assert f"| 176 | 176 | on | {dali} | 16,000 | 5,000 | 4,000 | 5,400 | 5,000 | 92.6% |" in text
+    assert f"| 176-eager | 176 | off | {dali} | 16,000 | 4,700 | 4,000 | | | |" in text
+    assert "| 176-webdataset | 176 | on | webdataset, 16 threads | 16,000 | 4,900 | 4,000 | 5,300 | 5,000 | 94.3% |" \
+        in text
     assert text.index("| 176 |") < text.index("| 132 |") < text.index("| 88 |")
     assert "At 176 px, compiled, as training runs: end to end is 92.6% of model-bound; the target is 95%: " \
            "**not met**" in text
@@ -120,6 +126,6 @@ def test_every_diagnose_command_parses_with_its_overrides(tmp_path):
     import diagnose
     commands = [command for stage in gpu_check.stages(tmp_path, tmp_path).values() for command, _ in stage
                 if command[1] == "tools/diagnose.py"]
-    assert len(commands) == 7
+    assert len(commands) == 8
     for command in commands:
         assert diagnose.parse_args(command[2:]).overrides == [a for a in command[2:] if "=" in a and a[0] != "-"]

@@ -193,10 +193,10 @@ def explain(figures: dict, cores: int) -> str:
                  f"together runs at {figures['together_img_per_s'] / slower:.0%} of the slower of the two alone.")
     if figures.get("loader_slows_step"):
         free = figures["free_running"]
-        text += (f" Yet as training runs, together reaches only {free['together_img_per_s'] / free['model_img_per_s']:.0%}"
-                 f" of the model alone while waiting for data {figures['wait_share']:.0%} of the time: the loader "
-                 f"slows the step itself, with its own GPU work (decode, resize) or its threads beside the one "
-                 f"that launches the step.")
+        share = free["together_img_per_s"] / free["model_img_per_s"]
+        text += (f" Yet as training runs, together reaches only {share:.0%} of the model alone while waiting for "
+                 f"data {figures['wait_share']:.0%} of the time: the loader slows the step itself, with its own GPU "
+                 f"work (decode, resize) or its threads beside the one that launches the step.")
     return text
 
 

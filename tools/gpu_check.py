@@ -21,8 +21,10 @@ Stages, each a subprocess with its own time limit (a hang fails one stage, the r
 - e2e: end to end against model-bound, compiled: resnet50_mild's last epoch (176 px), its
   ramp (132 px) and its first epoch (88 px), each by tools/diagnose.py; the report checks 176
   against the 95% target and projects the recipe's time on 8 such GPUs from the three sides
-  (tools/project_time.py); e2e-variants: 176 px eager, and with every JPEG on the hardware
-  decoder (a stage of its own, so that each fits one 10-minute call of a GPU lease);
+  (tools/project_time.py); e2e-variants: 176 px eager, with every JPEG on the hardware
+  decoder, and fed by the webdataset engine (decode on the CPU cores, which leaves the GPU to
+  the step: DALI's own GPU work cost the step 8-28% on the H100) (a stage of its own, so that
+  each stage fits one 10-minute call of a GPU lease);
 - train: a short resnet50_mild run on photos-large (2 epochs, then resumed to a 3rd): the
   loss must fall and the resumed run must continue from the checkpoint;
 - report: a summary of all of it in RESULTS_DIR/report/gpu-check-<machine>.md, also printed.
@@ -76,7 +78,8 @@ def stages(work: Path, results: Path) -> dict:
                   "--steps", "100", "--warmup", "20"]
     e2e_runs = [(f"e2e-{side}", ["--epoch", str(epoch), "compile=true"]) for side, epoch in E2E_EPOCHS.items()]
     e2e_variants = [("e2e-176-eager", ["--epoch", "35"]),
-                    ("e2e-176-hw1", ["--epoch", "35", "compile=true", "data.hw_decoder_load=1"])]
+                    ("e2e-176-hw1", ["--epoch", "35", "compile=true", "data.hw_decoder_load=1"]),
+                    ("e2e-176-webdataset", ["--epoch", "35", "compile=true", "data.backend=webdataset"])]
     short_run = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "training/main.py",
                  "--config", f"{RECIPES}/resnet50_mild.yaml", *on_large, "algorithms.scale_schedule.ratio=1.0",
                  "log.progress=false", "log.interval=20", f"run_dir={work / 'resnet50_mild'}"]
@@ -199,13 +202,15 @@ def end_to_end_lines(work: Path, results: Path, machine: str) -> list[str]:
     runs = {path.stem[4:]: json.loads(path.read_text()) for path in work.glob("e2e-*.json")}
     if not runs:
         return []
-    lines = ["", "## End to end against model-bound (resnet50_mild, DALI from photos-large, one GPU)", "",
+    lines = ["", "## End to end against model-bound (resnet50_mild from photos-large, one GPU)", "",
              "img/s; synced: a sync after every step (diagnose's verdict); as training: none (free-running).", "",
-             "| run | side | compile | hw decoder share | loader alone | model synced | together synced | "
+             "| run | side | compile | loader | loader alone | model synced | together synced | "
              "model as training | together as training | together / model as training |", "|" + "---|" * 10]
     for name, f in sorted(runs.items(), key=lambda item: (-item[1]["side"], item[0])):
         free = f.get("free_running")
-        lines.append(f"| {name} | {f['side']} | {'on' if f['compile'] else 'off'} | {f.get('hw_decoder_load', '')} | "
+        loader = f"{f['backend']}, {f['num_workers']} threads" + (
+            f", hw decoder {f['hw_decoder_load']:g}" if f["backend"] == "dali" else "")
+        lines.append(f"| {name} | {f['side']} | {'on' if f['compile'] else 'off'} | {loader} | "
                      f"{f['loader_img_per_s']:,.0f} | {f['model_img_per_s']:,.0f} | {f['together_img_per_s']:,.0f} | "
                      + (f"{free['model_img_per_s']:,.0f} | {free['together_img_per_s']:,.0f} | "
                         f"{free['together_img_per_s'] / free['model_img_per_s']:.1%} |" if free else "| | |"))
