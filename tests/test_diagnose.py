@@ -69,6 +69,10 @@ def test_fashion_recipe_report_verdict_and_json(sample_sets, tmp_path):
     assert saved["backend"] == "folder" and saved["batch_size"] == 16 and saved["resolution"] == [28, 28]
     assert saved["steps"] == 10 and saved["warmup"] == 2 and saved["suggestions"] == \
         [line[4:] for line in stdout.splitlines() if line.startswith("  - ")]
+    train_images = sum(1 for path in (sample_sets / "fashion" / "train").rglob("*") if path.is_file())
+    assert saved["batches_per_epoch"] == train_images // 16 < 12     # so 2 + 10 steps restart the loader
+    assert f"note: 2 warm-up + 10 timed steps span more than one pass over this data ({train_images // 16} " \
+           f"batches)" in stdout
 
 
 @pytest.mark.alone
@@ -110,8 +114,10 @@ def test_free_running_figures_are_measured_printed_and_saved(sample_sets, tmp_pa
     assert [int(line[1].replace(",", "")), int(line[2].replace(",", ""))] == \
         [round(free["model_img_per_s"]), round(free["together_img_per_s"])]
     assert int(line[3]) == round(100 * free["together_img_per_s"] / free["model_img_per_s"])
-    _, without = diagnose(*tiny(sample_sets / "fashion"), *SHORT, json_path=tmp_path / "b.json")
+    stdout, without = diagnose(*tiny(sample_sets / "fashion"), "--steps", "4", "--warmup", "1",
+                               json_path=tmp_path / "b.json")
     assert "free_running" not in without          # on a CPU only when asked
+    assert without["batches_per_epoch"] >= 5 and "note:" not in stdout   # within one pass: no restart
 
 
 def test_config_errors_are_one_line_and_exit_2(tmp_path):
