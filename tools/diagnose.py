@@ -21,7 +21,8 @@ FFCV's compilation, torch.compile). Every pass re-runs epoch `--epoch`, so a res
 schedule stays at that epoch's size; when --warmup + --steps exceed one epoch of the data, the
 timed steps include the loader's start of a new pass, which training pays once an epoch (and
 DALI's loader starts during the previous one): the report says so (on an H100 with 179-batch
-epochs, 400 steps cut DALI's loader-alone figure from 27,000-30,000 to 8,600-19,800 img/s). Defaults: 100 timed steps after 10 warm-up ones per
+epochs, 400 steps cut DALI's loader-alone figure from 27,000-30,000 to 8,600-19,800 img/s).
+Defaults: 100 timed steps after 10 warm-up ones per
 figure, chosen so that the fashion recipe finishes in about 2 minutes on 2 CPU cores (longer
 when other jobs share them); --steps 300 gives steadier figures.
 
