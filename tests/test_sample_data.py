@@ -1,8 +1,9 @@
 """Tests for tools/make_sample_data.py: layout, counts, image sizes, labels, determinism,
 idempotence and resume, train/val disjointness of photo tiles, and the apt-get fallback.
 
-The Debian packages are read where installed, else downloaded once into pytest's cache
-folder (.pytest_cache/d/debian-packages, about 170 MB unpacked) and reused by later runs."""
+The Debian packages are read where installed, else from `data/sample/.debian` when `make demo`
+left them there, else downloaded once into pytest's cache folder (.pytest_cache/d/debian-packages,
+about 170 MB unpacked) and reused by later runs (conftest's `debian_cache`)."""
 import csv
 import os
 import re
