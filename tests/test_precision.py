@@ -20,7 +20,7 @@ def test_the_probe_measures_both_and_leaves_the_model_and_the_rng_untouched():
     stochastic_depth_model(model, drop_rate=0.5)    # a forward that draws from torch's RNG
     before = {key: value.clone() for key, value in model.state_dict().items()}
     rng_before = torch.get_rng_state()
-    choice = probe_cpu_precision(model, batch_size=16, resolution=16, num_classes=10, channels_last=True)
+    choice = probe_cpu_precision(model, batch_size=16, size=(16, 16), num_classes=10, channels_last=True)
     assert choice["fp32_img_per_s"] > 0 and choice["bf16_img_per_s"] > 0
     bf16_faster = choice["bf16_img_per_s"] > (1 + NOISE) * choice["fp32_img_per_s"]
     assert choice["precision"] == ("bf16" if bf16_faster else "fp32")
@@ -70,3 +70,16 @@ def test_a_resumed_auto_run_keeps_its_checkpoints_precision(tmp_path):
         assert "precision" not in changed and "max_duration" in changed
         summary = json.loads((tmp_path / precision / "summary.json").read_text())
         assert summary["precision"] == precision and summary["steps"] == 8
+
+
+def test_auto_measures_at_the_first_side_of_a_resolution_schedule(tmp_path):
+    """A recipe whose data.resolution is a schedule (a mapping, not a side) probes at the size the
+    loader starts with."""
+    ramp = "data.resolution={form: ffcv, min_res: 16, max_res: 24, start_ramp: 0, end_ramp: 1, multiple: 8}"
+    run = main_py("--config", RECIPE, "data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64",
+                  "data.batch_size=16", ramp, "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
+                  "log.progress=false", "log.tensorboard=false", f"run_dir={tmp_path}", "max_duration=1ep",
+                  "precision=auto")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "precision auto: " in run.stdout and "train step here" in run.stdout
+    assert json.loads((tmp_path / "summary.json").read_text())["precision"] in ("fp32", "bf16")

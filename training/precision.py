@@ -58,12 +58,13 @@ def measure_train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.
     return timed * images.shape[0] / elapsed
 
 
-def probe_cpu_precision(model: torch.nn.Module, batch_size: int, resolution: int, num_classes: int,
+def probe_cpu_precision(model: torch.nn.Module, batch_size: int, size: tuple[int, int], num_classes: int,
                         channels_last: bool) -> dict:
-    """fp32 and bf16 train-step img/s of a copy of `model` on random images, and the faster of the
-    two (bf16 only when more than NOISE faster): {"precision", "fp32_img_per_s", "bf16_img_per_s"}."""
+    """fp32 and bf16 train-step img/s of a copy of `model` on random (height, width) = `size` images,
+    and the faster of the two (bf16 only when more than NOISE faster):
+    {"precision", "fp32_img_per_s", "bf16_img_per_s"}."""
     generator = torch.Generator().manual_seed(0)
-    images = torch.randn(batch_size, 3, resolution, resolution, generator=generator)
+    images = torch.randn(batch_size, 3, *size, generator=generator)
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     batch = images, torch.randint(num_classes, (batch_size,), generator=generator)

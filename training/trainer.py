@@ -37,12 +37,14 @@ from training.typed_config import to_plain
 
 log = logging.getLogger("training")
 CHECKPOINT_FORMAT = 1
+_UNREAD = object()      # the checkpoint to resume from, before anything looked for it
 
 
 class Trainer:
     def __init__(self, config: Config, world: dist.World, algorithms=()):
         self.config, self.world = config, world
         self._precision_choice = None         # what precision=auto picked, and why
+        self._resume_source = _UNREAD         # (path, checkpoint) to resume from, or None: read once
         self.store = CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
         device = world.device
         if config.precision == "auto" and device.type == "cuda":
@@ -81,7 +83,7 @@ class Trainer:
             raise ConfigError(f"config key 'algorithms': {error}") from None
 
         if config.precision == "auto":                  # a CPU: measured on the model as INIT left it
-            self._precision_choice = self._cpu_precision(model, train_loader.num_classes)
+            self._precision_choice = self._cpu_precision(model, train_loader)
             config.precision = self._precision_choice["precision"]
             self.autocast = state.autocast = autocast_for(device, config.precision)
 
@@ -103,22 +105,25 @@ class Trainer:
                                  sync=torch.cuda.synchronize if on_cuda else None)
         self._session_start = time.perf_counter()
 
-    def _cpu_precision(self, model: torch.nn.Module, num_classes: int) -> dict:
+    def _cpu_precision(self, model: torch.nn.Module, train_loader) -> dict:
         """precision=auto on a CPU: the precision of the checkpoint this run resumes from, else the
-        faster of fp32 and bf16 as rank 0 measured it (every rank measures, sharing the cores as in training)."""
-        resume = self.config.resume
-        candidates = [] if resume == "never" else self.store.checkpoints()[::-1] if resume == "auto" else [Path(resume)]
-        for path in candidates:      # the one _resume will load: the newest that loads (mmap: its config only)
-            try:
-                saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["config"]["precision"]
-            except Exception:        # damaged: _resume skips it too (or names it, when it was asked for)
-                continue
-            if saved not in ("fp32", "bf16"):     # fp16 from a GPU: that run's numerics cannot go on here
-                break
-            return {"precision": saved, "why": f"as trained before, by checkpoint {path.name}"}
-        data = self.config.data
-        choice = probe_cpu_precision(model, data.batch_size, data.resolution, num_classes, self.config.channels_last)
+        faster of fp32 and bf16 as rank 0 measured it (every rank measures, sharing the cores as in
+        training) at the batch and image size the loader starts with (a schedule's first side)."""
+        found = self._checkpoint_to_resume() if self.config.resume != "never" else None
+        saved = found[1]["config"]["precision"] if found else None
+        if saved in ("fp32", "bf16"):     # not fp16 from a GPU: that run's numerics cannot go on here
+            return {"precision": saved, "why": f"as trained before, by checkpoint {found[0].name}"}
+        choice = probe_cpu_precision(model, self.config.data.batch_size, train_loader.resolution,
+                                     train_loader.num_classes, self.config.channels_last)
         return dist.broadcast_from_main(choice, self.world)
+
+    def _checkpoint_to_resume(self):
+        """(path, checkpoint) that resume= names (auto: the newest that loads), or None; read once, as
+        precision=auto reads it in __init__ before _resume restores it."""
+        if self._resume_source is _UNREAD:
+            resume = self.config.resume
+            self._resume_source = self.store.load_newest() if resume == "auto" else (Path(resume), _load_named(resume))
+        return self._resume_source
 
     # --- the run --------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -348,7 +353,7 @@ class Trainer:
                 raise ConfigError(f"run_dir {self.config.run_dir} already has checkpoints; resume=auto continues "
                                   f"that run, or pick another run_dir")
             return
-        found = self.store.load_newest() if resume == "auto" else (Path(resume), _load_named(resume))
+        found, self._resume_source = self._checkpoint_to_resume(), None    # not kept in memory after this
         if found is None:
             return
         path, checkpoint = found
