@@ -136,6 +136,38 @@ def test_precision_auto_on_cuda_is_bf16_where_the_gpu_has_it_without_measuring(t
     assert json.loads((tmp_path / "summary.json").read_text())["precision"] == expected
 
 
+def test_a_batch_crosses_to_the_high_priority_step_stream_in_order():
+    """The races of training/step_stream.py, each made certain by a GPU sleep on the stream that would
+    lose it: the step reading the batch before the loader's stream wrote it; the loader's next batch
+    taking the memory the step still reads; the default stream reading the step's result early."""
+    from training.step_stream import StepStream
+    device, cycles = torch.device("cuda"), 200_000_000            # about 0.1 s on an H100's clock
+    steps = StepStream(device, "high_priority")
+    assert steps.stream.priority == torch.cuda.Stream.priority_range()[1] < 0
+    batch = torch.zeros(1 << 20, device=device)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(cycles)                  # the loader's stream is slow to write the batch
+    batch.fill_(1.0)
+    with steps.around(batch):
+        assert torch.cuda.current_stream() == steps.stream
+        torch.cuda._sleep(cycles)              # the step is slow to read it
+        total = batch.sum()
+    del batch
+    reused = torch.full((1 << 20,), 5.0, device=device)   # the next batch, on the loader's stream
+    assert torch.cuda.current_stream() != steps.stream
+    assert total.item() == 1 << 20, total.item()           # read on the default stream
+    assert reused[0].item() == 5.0
+
+
+@pytest.mark.timeout(300)
+def test_training_with_the_step_on_a_high_priority_stream(tmp_path):
+    log = torchrun(tmp_path, "max_duration=2ep", "precision=bf16", "log.interval=2", "step_stream=high_priority")
+    assert "train step on a CUDA stream of priority" in log, log[-2000:]
+    losses = [m["train_loss"] for m in metrics(tmp_path) if "train_loss" in m]
+    assert losses and all(loss == loss and loss < 1e4 for loss in losses), losses
+    assert json.loads((tmp_path / "summary.json").read_text())["epochs"] == 2
+
+
 @pytest.mark.timeout(400)
 def test_a_checkpoint_written_on_cuda_resumes_on_the_cpu_and_back(tmp_path):
     common = ("precision=bf16", "channels_last=true", "data.synthetic_size=128", "model.name=small_resnet")

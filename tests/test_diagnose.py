@@ -187,8 +187,12 @@ def test_a_loader_that_slows_the_step_on_a_gpu_is_named_with_what_to_try():
     config = load_config(str(ROOT / "algorithms" / "recipes" / "resnet50_mild.yaml"), [])
     dali = LoaderSpec(backend="dali", path="data/bench/photos-large-wds", num_workers=16)
     tips = diagnose.suggestions(figures, config, dali, 16, 1, on_cuda=True)
-    assert tips[0].startswith("data.hw_decoder_load=1 (now 0.65)") and "model's 6,791 img/s" in tips[1]
+    assert tips[0].startswith("data.hw_decoder_load=1 (now 0.65)") and tips[1].startswith("step_stream=high_priority")
+    assert "model's 6,791 img/s" in tips[2]
     tips = diagnose.suggestions(figures, config, dataclasses.replace(dali, hw_decoder_load=1.0), 16, 1, on_cuda=True)
-    assert not any("hw_decoder_load" in tip for tip in tips) and "decodes on the CPU" in tips[0]
+    assert not any("hw_decoder_load" in tip for tip in tips) and "decodes on the CPU" in tips[1]
+    config.step_stream = "high_priority"
+    tips = diagnose.suggestions(figures, config, dali, 16, 1, on_cuda=True)
+    assert not any("step_stream" in tip for tip in tips) and "decodes on the CPU" in tips[1]
     quiet = diagnose.suggestions({**figures, "loader_slows_step": False}, config, dali, 16, 1, on_cuda=True)
-    assert not any("hw_decoder_load" in tip or "decodes on the CPU" in tip for tip in quiet)
+    assert not any("hw_decoder_load" in tip or "decodes on the CPU" in tip or "step_stream" in tip for tip in quiet)

@@ -129,3 +129,39 @@ def test_every_diagnose_command_parses_with_its_overrides(tmp_path):
     assert len(commands) == 8
     for command in commands:
         assert diagnose.parse_args(command[2:]).overrides == [a for a in command[2:] if "=" in a and a[0] != "-"]
+
+
+def test_the_compare_stage_parses_and_each_setting_is_one_the_recipe_takes(tmp_path):
+    """Checked here, not first on a GPU: compare_settings reads the stage's command and accepts every
+    setting (the keys it may change, values the recipe's config takes)."""
+    import compare_settings
+    [(command, allowed)] = gpu_check.stages(tmp_path, tmp_path)["e2e-compare"]
+    args = compare_settings.parse_args(command[2:])
+    assert args.setting == list(gpu_check.COMPARED_SETTINGS) and args.steps + args.warmup <= 179 and allowed <= 540
+    settings = compare_settings.read_settings(args.setting, args.config, args.overrides, str(tmp_path))
+    assert [(s.loader_changes, s.step_stream) for s in settings] == [
+        ({}, "default"), ({"hw_decoder_load": 1.0}, "default"), ({}, "high_priority"),
+        ({"hw_decoder_load": 1.0}, "high_priority"), ({"backend": "webdataset"}, "default")]
+
+
+def test_report_shows_the_compared_settings_and_checks_the_best_against_the_target(tmp_path):
+    import compare_settings
+    settings = [compare_settings.Setting(name, [text], {}, "default")
+                for name, text in zip("AB", ("data.hw_decoder_load=0.65", "data.hw_decoder_load=1"))]
+    rounds = [{"order": ["A", "B"], "model_img_per_s": 7000.0,
+               "together": {"A": {"img_per_s": 5040.0, "wait_share": 0.02, "share_of_model": 0.72},
+                            "B": {"img_per_s": 6720.0, "wait_share": 0.02, "share_of_model": 0.96}}},
+              {"order": ["B", "A"], "model_img_per_s": 7200.0,
+               "together": {"A": {"img_per_s": 5760.0, "wait_share": 0.02, "share_of_model": 0.80},
+                            "B": {"img_per_s": 6624.0, "wait_share": 0.02, "share_of_model": 0.92}}}]
+    result = compare_settings.summarise(rounds, settings, {"A": 28000.0, "B": 25000.0}) | {
+        "device": "cuda:0", "cpu_cores": 16, "model": "resnet50", "precision": "bf16", "compile": True,
+        "channels_last": True, "batch_size": 256, "side": 176, "epoch": 35, "steps": 150, "warmup": 20}
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "e2e-compare.json").write_text(json.dumps(result))
+    text = gpu_check.report(work, tmp_path / "results", H100)
+    assert "## Settings compared at 176 px in alternating rounds" in text and "## End to end" not in text
+    assert "best: B by median share of the model alone; it beat the others in: 2 of 2 over A" in text
+    assert "Best: data.hw_decoder_load=1, a median 94.0% of the model alone as training runs; the target is 95%: " \
+           "**not met**" in text

@@ -117,11 +117,12 @@ def real_train_step(trainer: Trainer):
     state, engine = trainer.state, trainer.engine
 
     def train_step(images, targets):
-        state.images, state.targets = images, targets
-        engine.fire(Event.AFTER_DATALOADER, state)
-        trainer.optimizer_step()
-        state.step, state.samples_seen = state.step + 1, state.samples_seen + targets.shape[0]
-        engine.fire(Event.BATCH_END, state)
+        with trainer.step_stream.around(images, targets):
+            state.images, state.targets = images, targets
+            engine.fire(Event.AFTER_DATALOADER, state)
+            trainer.optimizer_step()
+            state.step, state.samples_seen = state.step + 1, state.samples_seen + targets.shape[0]
+            engine.fire(Event.BATCH_END, state)
     return train_step
 
 
@@ -229,6 +230,9 @@ def suggestions(figures: dict, config, spec, cores: int, ranks: int, on_cuda: bo
         if spec.hw_decoder_load < 1:
             tips.append(f"data.hw_decoder_load=1 (now {spec.hw_decoder_load:g}): every JPEG to the GPU's hardware "
                         f"decoder, which leaves the SMs to the step (nvJPEG's CUDA decode does not)")
+        if config.step_stream == "default":
+            tips.append("step_stream=high_priority: the step's kernels go first and the loader's fill its gaps "
+                        "(not yet measured on a GPU here; tools/compare_settings.py settles it in alternating rounds)")
         tips.append(f"a loader that decodes on the CPU (data.backend=webdataset or ffcv) leaves the GPU to the step, "
                     f"if this machine's cores decode more than the model's {figures['model_img_per_s']:,.0f} img/s "
                     f"(benchmarks/loaders.py --backends decode_bound,webdataset,ffcv --device cuda)")
@@ -352,7 +356,7 @@ def diagnose(args, config, algorithms) -> dict:
                "num_workers": spec.num_workers, "batch_size": spec.batch_size, "side": loader.side,
                "resolution": list(loader.resolution), "hw_decoder_load": spec.hw_decoder_load,
                "model": config.model.name, "precision": config.precision, "channels_last": config.channels_last,
-               "compile": config.compile, "loader_img_per_s": round(alone["img_per_s"], 1),
+               "compile": config.compile, "step_stream": config.step_stream, "loader_img_per_s": round(alone["img_per_s"], 1),
                "model_img_per_s": round(model["img_per_s"], 1), "together_img_per_s": round(together["img_per_s"], 1),
                "wait_share": round(together["wait_share"], 4), "batches_per_epoch": len(loader)}
     if device.type == "cuda" or args.free_running:
@@ -371,6 +375,12 @@ def diagnose(args, config, algorithms) -> dict:
         figures["other_precision"] = other_precision(trainer, args, device)
     figures["suggestions"] = suggestions(figures, config, spec, cores, ranks, device.type == "cuda")
     return figures
+
+
+def load_measuring_config(recipe: str | None, overrides: list[str], run_dir: str):
+    """The run as training would build it, minus what a measurement must not do: resume, draw, keep files."""
+    return load_config(recipe, [*overrides, f"run_dir={run_dir}", "resume=never", "log.progress=false",
+                                "log.tensorboard=false"])
 
 
 def report(figures: dict) -> str:
@@ -413,8 +423,7 @@ def main(argv=None) -> int:
             raise ConfigError("diagnose.py measures one rank in one process: run it with python, not torchrun "
                               "(--ranks-per-machine says how many ranks share the machine)")
         with tempfile.TemporaryDirectory(prefix="diagnose-") as run_dir:   # Trainer wants a run dir; keep none
-            config = load_config(args.config, [*args.overrides, f"run_dir={run_dir}", "resume=never",
-                                               "log.progress=false", "log.tensorboard=false"])
+            config = load_measuring_config(args.config, args.overrides, run_dir)
             figures = diagnose(args, config, algorithms_from_config(config.algorithms))
     except (ConfigError, DatasetError) as error:
         print(f"error: {error}", file=sys.stderr)

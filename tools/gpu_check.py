@@ -1,7 +1,7 @@
 """The whole GPU path checked by one command, unattended, leaving its figures in the repo.
 
     make gpu-check        (= python tools/gpu_check.py)
-    python tools/gpu_check.py [--stages tests,data,loaders,models,diagnose,e2e,e2e-variants,train,report]
+    python tools/gpu_check.py [--stages tests,data,loaders,models,diagnose,e2e,e2e-variants,e2e-compare,train,report]
                               [--results-dir benchmarks/results] [--work runs/gpu-check]
 
 Stages, each a subprocess with its own time limit (a hang fails one stage, the rest go on):
@@ -24,7 +24,10 @@ Stages, each a subprocess with its own time limit (a hang fails one stage, the r
   (tools/project_time.py); e2e-variants: 176 px eager, with every JPEG on the hardware
   decoder, and fed by the webdataset engine (decode on the CPU cores, which leaves the GPU to
   the step: DALI's own GPU work cost the step 8-28% on the H100) (a stage of its own, so that
-  each stage fits one 10-minute call of a GPU lease);
+  each stage fits one 10-minute call of a GPU lease); e2e-compare: at 176 px, compiled, the hardware
+  decoder's share 0.65 and 1, each with the step on the default and on a high-priority CUDA
+  stream, and the webdataset engine, side by side in 3 alternating rounds in one process
+  (tools/compare_settings.py): paired figures, where separate runs drifted up to 15% on an H100;
 - train: a short resnet50_mild run on photos-large (2 epochs, then resumed to a 3rd): the
   loss must fall and the resumed run must continue from the checkpoint;
 - report: a summary of all of it in RESULTS_DIR/report/gpu-check-<machine>.md, also printed.
@@ -57,13 +60,17 @@ LARGE_WDS = "data/bench/photos-large-wds"      # where benchmarks/loaders.py kee
 TRAIN_RESOLUTIONS = "224,176,160,128"
 RECIPES = "algorithms/recipes"
 PYTEST_SUMMARY = re.compile(r"^(\d+ (passed|failed|skipped|errors?)(, )?)+.* in [\d.]+s")
-STAGE_NAMES = ("tests", "data", "loaders", "models", "diagnose", "e2e", "e2e-variants", "train", "report")
+STAGE_NAMES = ("tests", "data", "loaders", "models", "diagnose", "e2e", "e2e-variants", "e2e-compare", "train",
+               "report")
 E2E_TARGET = 0.95     # end to end at 176 px, as a share of model-bound (issue 17)
 # resnet50_mild's 36 epochs (0.4 x 90) train at 176 px from epoch 29 to the last, 35, at 132 px
 # at epoch 21 (the ramp's middle) and at 88 px from epoch 0 (pipeline/schedules.ComposerRamp);
 # the JSONs record the side each measured, and the projection reads that, not these numbers;
 # tests/test_gpu_check.py checks these epochs against the trainer's own schedule.
 E2E_EPOCHS = {176: 35, 132: 21, 88: 0}
+COMPARED_SETTINGS = ("data.hw_decoder_load=0.65", "data.hw_decoder_load=1",
+                     "data.hw_decoder_load=0.65 step_stream=high_priority",
+                     "data.hw_decoder_load=1 step_stream=high_priority", "data.backend=webdataset")
 
 
 def stages(work: Path, results: Path) -> dict:
@@ -80,6 +87,12 @@ def stages(work: Path, results: Path) -> dict:
     e2e_variants = [("e2e-176-eager", ["--epoch", "35"]),
                     ("e2e-176-hw1", ["--epoch", "35", "compile=true", "data.hw_decoder_load=1"]),
                     ("e2e-176-webdataset", ["--epoch", "35", "compile=true", "data.backend=webdataset"])]
+    # The settings that might bring 176 px to the target, side by side in alternating rounds
+    # (tools/compare_settings.py); 20 + 150 steps stay within photos-large's 179-batch epoch.
+    compare = [PY, "tools/compare_settings.py", "--config", f"{RECIPES}/resnet50_mild.yaml", *on_large,
+               "compile=true", "--epoch", "35", "--rounds", "3", "--steps", "150", "--warmup", "20",
+               *[arg for setting in COMPARED_SETTINGS for arg in ("--setting", setting)],
+               "--json", str(work / "e2e-compare.json")]
     short_run = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "training/main.py",
                  "--config", f"{RECIPES}/resnet50_mild.yaml", *on_large, "algorithms.scale_schedule.ratio=1.0",
                  "log.progress=false", "log.interval=20", f"run_dir={work / 'resnet50_mild'}"]
@@ -105,6 +118,7 @@ def stages(work: Path, results: Path) -> dict:
         "e2e": [([*end_to_end, *extra, "--json", str(work / f"{name}.json")], 240) for name, extra in e2e_runs],
         "e2e-variants": [([*end_to_end, *extra, "--json", str(work / f"{name}.json")], 240)
                          for name, extra in e2e_variants],
+        "e2e-compare": [(compare, 540)],
         "train": [([*short_run, "max_duration=2ep"], 300), ([*short_run, "max_duration=3ep"], 200)],
     }
 
@@ -199,9 +213,10 @@ def report(work: Path, results: Path, hardware: dict) -> str:
 
 def end_to_end_lines(work: Path, results: Path, machine: str) -> list[str]:
     """The e2e stage's runs, the 95% check at 176 px, and the projection to 8 GPUs."""
-    runs = {path.stem[4:]: json.loads(path.read_text()) for path in work.glob("e2e-*.json")}
+    runs = {path.stem[4:]: json.loads(path.read_text()) for path in work.glob("e2e-*.json")
+            if path.stem != "e2e-compare"}
     if not runs:
-        return []
+        return compare_lines(work)
     lines = ["", "## End to end against model-bound (resnet50_mild from photos-large, one GPU)", "",
              "img/s; synced: a sync after every step (diagnose's verdict); as training: none (free-running).", "",
              "| run | side | compile | loader | loader alone | model synced | together synced | "
@@ -221,7 +236,22 @@ def end_to_end_lines(work: Path, results: Path, machine: str) -> list[str]:
         share = figures["together_img_per_s"] / figures["model_img_per_s"]
         lines += ["", f"At 176 px, compiled, {how}: end to end is {share:.1%} of model-bound; the target is "
                       f"{E2E_TARGET:.0%}: **{'met' if share >= E2E_TARGET else 'not met'}**."]
-    return lines + projection_lines(work, results, machine)
+    return lines + compare_lines(work) + projection_lines(work, results, machine)
+
+
+def compare_lines(work: Path) -> list[str]:
+    """The e2e-compare stage: its table, and whether its best setting meets the target at 176 px."""
+    path = work / "e2e-compare.json"
+    if not path.exists():
+        return []
+    import compare_settings
+    result = json.loads(path.read_text())
+    best = next(s for s in result["settings"] if s["name"] == result["best"])
+    share = best["median_share_of_model"]
+    return ["", f"## Settings compared at {result['side']} px in alternating rounds (tools/compare_settings.py)", "",
+            "```", compare_settings.report(result), "```", "",
+            f"Best: {' '.join(best['overrides'])}, a median {share:.1%} of the model alone as training runs; the "
+            f"target is {E2E_TARGET:.0%}: **{'met' if share >= E2E_TARGET else 'not met'}**."]
 
 
 def projection_lines(work: Path, results: Path, machine: str) -> list[str]:

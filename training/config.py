@@ -125,6 +125,7 @@ class Config:
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "bf16"
     channels_last: bool = True
     compile: bool = False                 # torch.compile the model
+    step_stream: Literal["default", "high_priority"] = "default"   # CUDA: training/step_stream.py
     deterministic: bool = False           # torch.use_deterministic_algorithms, for exact reruns
     device: Literal["auto", "cpu", "cuda"] = "auto"
     grad_accum: int = 1                   # micro-batches per optimizer step

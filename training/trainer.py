@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from training.rng import rng_state, seed_everything, set_rng_state
 from training.run_log import RunLog, cannot_write
 from training.state import State
 from training.step_phases import StepPhases
+from training.step_stream import StepStream
 from training.stop_requests import Preempted, RunFault, StopRequests
 from training.typed_config import to_plain
 
@@ -52,6 +54,14 @@ class Trainer:
             config.precision = self._precision_choice["precision"]
         if config.precision == "fp16" and device.type != "cuda":
             raise ConfigError("precision=fp16 needs CUDA (it needs a GradScaler and CPUs lack fast fp16); use bf16")
+        try:
+            self.step_stream = StepStream(device, config.step_stream)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if config.deterministic and device.type == "cuda":
+            # cuBLAS is deterministic only with a fixed workspace, read when its handle is made; without
+            # it torch's deterministic mode raises at the first matmul
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(config.deterministic)
         torch.backends.cudnn.benchmark = not config.deterministic
         placement = dict(device=str(device), rank=world.rank, world_size=world.size, seed=config.seed)
@@ -144,6 +154,9 @@ class Trainer:
                        f"{state.epochs} epochs of {state.steps_per_epoch} steps, {self.world.size} process(es) "
                        f"on {self.world.device}, global batch {config.data.batch_size * self.world.size}, "
                        f"peak lr {state.optimizer.param_groups[0]['initial_lr']:.4g}")
+        if self.step_stream.stream is not None:
+            self.log.print(f"train step on a CUDA stream of priority {self.step_stream.stream.priority} (the highest "
+                           f"this GPU has; the default stream's is 0)")
         self.engine.fire(Event.FIT_START, state)
         eval_every = config.eval_interval.to_batches(state.steps_per_epoch, state.total_steps)
         save_every = config.checkpoint.interval.to_batches(state.steps_per_epoch, state.total_steps)
@@ -183,18 +196,19 @@ class Trainer:
         for images, targets in state.train_loader:
             dist.doing(f"training step {state.step + 1}")
             phases.lap("data")
-            state.images, state.targets = images, targets
-            self.engine.fire(Event.AFTER_DATALOADER, state)
-            phases.lap("hooks")
-            loss_sum += self.optimizer_step()
-            samples = targets.shape[0] * world.size
-            state.step, state.batch_in_epoch = state.step + 1, state.train_loader.position
-            state.samples_seen += samples
-            interval_samples, interval_steps, epoch_samples = (interval_samples + samples, interval_steps + 1,
-                                                               epoch_samples + samples)
-            phases.lap("other")
-            self.engine.fire(Event.BATCH_END, state)
-            phases.lap("hooks")
+            with self.step_stream.around(images, targets):
+                state.images, state.targets = images, targets
+                self.engine.fire(Event.AFTER_DATALOADER, state)
+                phases.lap("hooks")
+                loss_sum += self.optimizer_step()
+                samples = targets.shape[0] * world.size
+                state.step, state.batch_in_epoch = state.step + 1, state.train_loader.position
+                state.samples_seen += samples
+                interval_samples, interval_steps, epoch_samples = (interval_samples + samples, interval_steps + 1,
+                                                                   epoch_samples + samples)
+                phases.lap("other")
+                self.engine.fire(Event.BATCH_END, state)
+                phases.lap("hooks")
             if state.step % config.log.interval == 0 or state.batch_in_epoch == state.steps_per_epoch:
                 loss = dist.all_reduce_sum(loss_sum, world).item() / (world.size * interval_steps)
                 now = time.perf_counter()

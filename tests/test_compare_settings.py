@@ -1,0 +1,90 @@
+"""`tools/compare_settings.py` as users run it: every setting's loader really built as asked,
+the rounds alternating, the median and the best as documented; settings it cannot compare
+refused in one line; and `step_stream` (training/step_stream.py) refused on a CPU. The
+high-priority stream itself is a CUDA test (tests/test_cuda.py). Tiny settings: each run is
+a few seconds on 2 cores."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, run_tool
+
+from training.step_stream import StepStream
+
+RECIPE = ROOT / "algorithms" / "recipes" / "fashion_baseline.yaml"
+
+
+def tiny(path) -> list[str]:
+    return ["data.backend=folder", f"data.path={path}", "data.batch_size=16", "data.num_workers=1",
+            "model.width=4", "model.blocks_per_stage=1", "precision=fp32"]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")     # as tests/test_diagnose.py: steady tiny steps
+
+
+def test_each_setting_gets_its_loader_rounds_alternate_and_the_best_is_the_top_median(converted_sets, tmp_path):
+    fashion = converted_sets["fashion"]
+    settings = ["data.num_workers=0", f"data.backend=webdataset data.path={fashion['webdataset']}"]
+    result = run_tool("compare_settings.py", "--config", RECIPE, *tiny(fashion["folder"]),
+                      *[arg for setting in settings for arg in ("--setting", setting)],
+                      "--rounds", "3", "--steps", "4", "--warmup", "1", "--json", tmp_path / "out.json", timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / "out.json").read_text())
+    a, b = saved["settings"]
+    assert a["loader"] == {"backend": "folder", "path": str(fashion["folder"]), "num_workers": 0,
+                           "hw_decoder_load": 0.65}, a
+    assert b["loader"]["backend"] == "webdataset" and b["loader"]["path"] == str(fashion["webdataset"]), b
+    assert b["loader"]["num_workers"] == 1 and a["step_stream"] == b["step_stream"] == "default"
+    assert [r["order"] for r in saved["rounds"]] == [["A", "B"], ["B", "A"], ["A", "B"]]
+    for setting in saved["settings"]:
+        shares = [r["together"][setting["name"]]["img_per_s"] / r["model_img_per_s"] for r in saved["rounds"]]
+        assert setting["shares_of_model"] == pytest.approx(shares, abs=2e-3)
+        assert setting["median_share_of_model"] == pytest.approx(statistics.median(shares), abs=2e-3)
+        assert setting["loader_img_per_s"] > 0
+    best = max(saved["settings"], key=lambda s: s["median_share_of_model"])["name"]
+    other = "B" if best == "A" else "A"
+    mine, theirs = (next(s["shares_of_model"] for s in saved["settings"] if s["name"] == n) for n in (best, other))
+    assert saved["best"] == best and saved["best_wins"] == {other: sum(m > t for m, t in zip(mine, theirs))}
+    assert f"best: {best} by median share" in result.stdout and "data.num_workers=0" in result.stdout
+
+
+@pytest.mark.parametrize("setting,named", [
+    ("optim.lr=0.2", "'optim.lr' cannot change between settings"),
+    ("step_stream=high_priority", "step_stream=high_priority needs CUDA"),
+    ("data.hw_decoder_load=2", "hw_decoder_load must be in [0, 1]"),
+])
+def test_a_setting_it_cannot_compare_is_one_line_before_anything_is_measured(sample_sets, setting, named):
+    result = run_tool("compare_settings.py", "--config", RECIPE, *tiny(sample_sets / "fashion"),
+                      "--setting", "data.num_workers=1", "--setting", setting, "--steps", "2", timeout=120)
+    assert result.returncode == 2 and named in result.stderr, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and "round" not in result.stdout, result.stderr
+
+
+def test_one_setting_is_not_a_comparison():
+    result = run_tool("compare_settings.py", "--config", RECIPE, "--setting", "data.num_workers=1", timeout=60)
+    assert result.returncode == 2 and "give 2 to 26 --setting options, got 1" in result.stderr
+
+
+def test_the_step_stream_is_a_gpu_setting(tmp_path):
+    """`default` makes no stream and runs the block as it is; anything else on a CPU is refused, in the
+    trainer as a one-line config error naming the key."""
+    stream, ran = StepStream(torch.device("cpu")), []
+    with stream.around(torch.zeros(2)):
+        ran.append(True)
+    assert stream.stream is None and ran == [True]
+    with pytest.raises(ValueError, match="step_stream must be one of default, high_priority"):
+        StepStream(torch.device("cpu"), "high")
+    result = subprocess.run([sys.executable, str(ROOT / "training" / "main.py"), "device=cpu", "data.backend=synthetic",
+                             "data.num_classes=4", "data.synthetic_size=32", "data.batch_size=8", "data.resolution=16",
+                             "model.name=small_resnet", "step_stream=high_priority", f"run_dir={tmp_path / 'run'}"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == "error: step_stream=high_priority needs CUDA (streams are a GPU's); this run is on cpu"
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
