@@ -102,6 +102,15 @@ class Bottleneck(ResidualBlock):
         return self.bn3(self.conv3(out))
 
 
+class GlobalAveragePool(nn.Module):
+    """(N, C, H, W) -> (N, C, 1, 1) at any input size, as nn.AdaptiveAvgPool2d(1) gives, but as a mean:
+    AdaptiveAvgPool2d's CUDA backward has no deterministic kernel, and torch raises in it when
+    `deterministic: true` asks for one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean((2, 3), keepdim=True)
+
+
 class ResNet(nn.Module):
     """stem -> stages of residual blocks -> global average pool -> fc. The stem is passed in
     (ImageNet 7x7/2 + maxpool, or 3x3/1 for small images); the first block of a stage strides."""
@@ -119,7 +128,7 @@ class ResNet(nn.Module):
                 in_channels = width * block.expansion
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.Sequential(*stages)
-        self.pool = nn.AdaptiveAvgPool2d(1)  # any input size works
+        self.pool = GlobalAveragePool()
         self.fc = nn.Linear(in_channels, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
