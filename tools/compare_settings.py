@@ -26,27 +26,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import logging
 import os
 import statistics
 import string
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-import torch  # noqa: E402
-
 from algorithms.base import Event  # noqa: E402
-from diagnose import load_measuring_config, measure, real_train_step, synthetic_twin  # noqa: E402
+from diagnose import load_measuring_config, measure, real_train_step, run_one_rank, synthetic_twin  # noqa: E402
 from pipeline import build_loader  # noqa: E402
-from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
-from pipeline.datasets import DatasetError  # noqa: E402
 from training.config import ConfigError  # noqa: E402
 from training.distributed import init_world  # noqa: E402
-from training.main import USAGE_ERROR, algorithms_from_config  # noqa: E402
+from training.main import algorithms_from_config  # noqa: E402
 from training.step_stream import StepStream  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
@@ -185,22 +178,12 @@ def report(result: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-            raise ConfigError("compare_settings.py measures one rank in one process: run it with python, not torchrun")
-        with tempfile.TemporaryDirectory(prefix="compare-settings-") as run_dir:   # Trainer wants a run dir
-            settings = read_settings(args.setting, args.config, args.overrides, run_dir)
-            config = load_measuring_config(args.config, args.overrides, run_dir)
-            result = compare(args, config, algorithms_from_config(config.algorithms), settings)
-    except (ConfigError, DatasetError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return USAGE_ERROR
-    print(report(result), flush=True)
-    if args.json:
-        result["recipe"], result["overrides"] = args.config, args.overrides
-        write_bytes_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())
-    return 0
+
+    def measure_run(run_dir: str) -> dict:
+        settings = read_settings(args.setting, args.config, args.overrides, run_dir)
+        config = load_measuring_config(args.config, args.overrides, run_dir)
+        return compare(args, config, algorithms_from_config(config.algorithms), settings)
+    return run_one_rank("compare_settings.py", args, measure_run, report)
 
 
 if __name__ == "__main__":

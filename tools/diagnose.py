@@ -415,24 +415,35 @@ def report(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def run_one_rank(tool: str, args, measure_run, report_of, hint: str = "") -> int:
+    """The measuring tools' main: one rank in one process, in a run directory thrown away after;
+    a config or dataset fault is one line on stderr and exit 2; the report printed, and the
+    figures written atomically to --json with the recipe and overrides they came from.
+    `measure_run(run_dir)` returns the figures."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-            raise ConfigError("diagnose.py measures one rank in one process: run it with python, not torchrun "
-                              "(--ranks-per-machine says how many ranks share the machine)")
-        with tempfile.TemporaryDirectory(prefix="diagnose-") as run_dir:   # Trainer wants a run dir; keep none
-            config = load_measuring_config(args.config, args.overrides, run_dir)
-            figures = diagnose(args, config, algorithms_from_config(config.algorithms))
+            raise ConfigError(f"{tool} measures one rank in one process: run it with python, not torchrun{hint}")
+        with tempfile.TemporaryDirectory(prefix=f"{Path(tool).stem}-") as run_dir:   # Trainer wants one
+            figures = measure_run(run_dir)
     except (ConfigError, DatasetError) as error:
         print(f"error: {error}", file=sys.stderr)
         return USAGE_ERROR
-    print(report(figures), flush=True)
+    print(report_of(figures), flush=True)
     if args.json:
         figures["recipe"], figures["overrides"] = args.config, args.overrides
         write_bytes_atomic(args.json, (json.dumps(figures, indent=2) + "\n").encode())
     return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    def measure_run(run_dir: str) -> dict:
+        config = load_measuring_config(args.config, args.overrides, run_dir)
+        return diagnose(args, config, algorithms_from_config(config.algorithms))
+    return run_one_rank("diagnose.py", args, measure_run, report,
+                        " (--ranks-per-machine says how many ranks share the machine)")
 
 
 if __name__ == "__main__":
