@@ -86,5 +86,6 @@ def test_the_step_stream_is_a_gpu_setting(tmp_path):
                              "model.name=small_resnet", "step_stream=high_priority", f"run_dir={tmp_path / 'run'}"],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.strip() == "error: step_stream=high_priority needs CUDA (streams are a GPU's); this run is on cpu"
+    assert result.stderr.strip() == ("error: step_stream=high_priority needs CUDA (streams are a GPU's); "
+                                     "this run is on cpu")
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())

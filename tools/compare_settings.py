@@ -75,7 +75,8 @@ class Setting:
 
 
 def read_settings(texts: list[str], recipe: str | None, overrides: list[str], run_dir: str) -> list[Setting]:
-    """Each setting checked as training would check it, plus the keys it may change; a ConfigError names the first fault."""
+    """Each setting checked as training would check it, and for the keys it may change; a ConfigError
+    names the first fault."""
     base = load_measuring_config(recipe, overrides, run_dir)
     settings = []
     for name, text in zip(string.ascii_uppercase, texts):
@@ -123,7 +124,8 @@ def compare(args, config, algorithms, settings: list[Setting]) -> dict:
         model = measure(model_loader, args.epoch, args.warmup, args.steps, device, train_step, sync_each_step=False)
         figures = {s.name: together(s) for s in order}
         rounds.append({"order": [s.name for s in order], "model_img_per_s": round(model["img_per_s"], 1),
-                       "together": {name: {"img_per_s": round(f["img_per_s"], 1), "wait_share": round(f["wait_share"], 4),
+                       "together": {name: {"img_per_s": round(f["img_per_s"], 1),
+                                           "wait_share": round(f["wait_share"], 4),
                                            "share_of_model": round(f["img_per_s"] / model["img_per_s"], 4)}
                                     for name, f in figures.items()}})
         print(f"round {number + 1}/{args.rounds}: model alone {model['img_per_s']:,.0f} img/s; "

@@ -356,7 +356,8 @@ def diagnose(args, config, algorithms) -> dict:
                "num_workers": spec.num_workers, "batch_size": spec.batch_size, "side": loader.side,
                "resolution": list(loader.resolution), "hw_decoder_load": spec.hw_decoder_load,
                "model": config.model.name, "precision": config.precision, "channels_last": config.channels_last,
-               "compile": config.compile, "step_stream": config.step_stream, "loader_img_per_s": round(alone["img_per_s"], 1),
+               "compile": config.compile, "step_stream": config.step_stream,
+               "loader_img_per_s": round(alone["img_per_s"], 1),
                "model_img_per_s": round(model["img_per_s"], 1), "together_img_per_s": round(together["img_per_s"], 1),
                "wait_share": round(together["wait_share"], 4), "batches_per_epoch": len(loader)}
     if device.type == "cuda" or args.free_running:
