@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from algorithms.base import Event  # noqa: E402
-from diagnose import load_measuring_config, measure, real_train_step, run_one_rank, synthetic_twin  # noqa: E402
+from measuring import load_measuring_config, measure, real_train_step, run_one_rank, synthetic_twin  # noqa: E402
 from pipeline import build_loader  # noqa: E402
 from training.config import ConfigError  # noqa: E402
 from training.distributed import init_world  # noqa: E402

@@ -1,0 +1,121 @@
+"""What the measuring tools (diagnose.py, compare_settings.py) share: the real train step and
+loaders timed in one process, one rank's view, and their main.
+
+`measure` times a loader alone or feeding the real train step (`real_train_step`: the step as
+Trainer._train_epoch takes it, events and step stream included), pass after pass over one
+epoch so that a resolution schedule stays at that epoch's size; `synthetic_twin` is the
+model-alone feed. `run_one_rank` is the tools' main: a throw-away run directory, one-line
+errors, the report printed and the figures written atomically.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+import torch  # noqa: E402
+
+from algorithms.base import Event  # noqa: E402
+from pipeline import build_loader  # noqa: E402
+from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+from pipeline.datasets import DatasetError  # noqa: E402
+from training.config import ConfigError, load_config  # noqa: E402
+from training.main import USAGE_ERROR  # noqa: E402
+from training.trainer import Trainer  # noqa: E402
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def passes(loader, epoch: int):
+    """The loader's batches, pass after pass over epoch `epoch`."""
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+
+
+def real_train_step(trainer: Trainer):
+    """One optimizer step on a batch exactly as Trainer._train_epoch takes it, events included."""
+    state, engine = trainer.state, trainer.engine
+
+    def train_step(images, targets):
+        with trainer.step_stream.around(images, targets):
+            state.images, state.targets = images, targets
+            engine.fire(Event.AFTER_DATALOADER, state)
+            trainer.optimizer_step()
+            state.step, state.samples_seen = state.step + 1, state.samples_seen + targets.shape[0]
+            engine.fire(Event.BATCH_END, state)
+    return train_step
+
+
+def measure(loader, epoch: int, warmup: int, steps: int, device: torch.device, train_step=None,
+            sync_each_step: bool = True) -> dict:
+    """img/s over `steps` batches after `warmup`, and the seconds spent waiting for batches vs in steps.
+    Without `sync_each_step` the host runs ahead of the device as in training, fetching the next
+    batch while the GPU works: img/s is then the training rate, and the wait is not GPU idle time."""
+    batches = passes(loader, epoch)
+    try:
+        for _ in range(warmup):
+            images, targets = next(batches)
+            if train_step:
+                train_step(images, targets)
+        sync(device)
+        count, waiting, stepping = 0, 0.0, 0.0
+        for _ in range(steps):
+            start = time.perf_counter()
+            images, targets = next(batches)
+            fetched = time.perf_counter()
+            if train_step:
+                train_step(images, targets)
+                if sync_each_step:
+                    sync(device)   # the GPU's work counts as step time, not as the next wait
+            count, waiting, stepping = (count + targets.shape[0], waiting + fetched - start,
+                                        stepping + time.perf_counter() - fetched)
+        start = time.perf_counter()
+        sync(device)           # the loader's last asynchronous copies belong to loading
+        waiting += time.perf_counter() - start
+    finally:
+        batches.close()
+    return {"img_per_s": count / (waiting + stepping), "wait_share": waiting / (waiting + stepping)}
+
+
+def synthetic_twin(loader, **changes):
+    """A synthetic loader with the real one's spec as INIT left it (batch, schedule, ColOut, device, dtype)."""
+    return build_loader(dataclasses.replace(loader.spec, backend="synthetic", path=None, num_classes=loader.num_classes,
+                                            synthetic_size=100 * loader.spec.batch_size, **changes))
+
+
+def load_measuring_config(recipe: str | None, overrides: list[str], run_dir: str):
+    """The run as training would build it, minus what a measurement must not do: resume, draw, keep files."""
+    return load_config(recipe, [*overrides, f"run_dir={run_dir}", "resume=never", "log.progress=false",
+                                "log.tensorboard=false"])
+
+
+def run_one_rank(tool: str, args, measure_run, report_of, hint: str = "") -> int:
+    """The measuring tools' main: one rank in one process, in a run directory thrown away after;
+    a config or dataset fault is one line on stderr and exit 2; the report printed, and the
+    figures written atomically to --json with the recipe and overrides they came from.
+    `measure_run(run_dir)` returns the figures."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            raise ConfigError(f"{tool} measures one rank in one process: run it with python, not torchrun{hint}")
+        with tempfile.TemporaryDirectory(prefix=f"{Path(tool).stem}-") as run_dir:   # Trainer wants one
+            figures = measure_run(run_dir)
+    except (ConfigError, DatasetError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    print(report_of(figures), flush=True)
+    if args.json:
+        figures["recipe"], figures["overrides"] = args.config, args.overrides
+        write_bytes_atomic(args.json, (json.dumps(figures, indent=2) + "\n").encode())
+    return 0
