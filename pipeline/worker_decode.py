@@ -9,6 +9,7 @@ the decoder does less work and the resize sees no fewer pixels than it outputs. 
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import io
 import math
@@ -134,7 +135,8 @@ def collate(images: list, labels: list) -> tuple[torch.Tensor, torch.Tensor, lis
     return batch.permute(0, 3, 1, 2), labels, errors
 
 
-_LIVE_DATALOADERS: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
+# The iterators of our DataLoaders that have worker processes, for the fork and exit hooks below.
+_LIVE_WORKER_ITERATORS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def _disown_inherited_workers() -> None:
@@ -142,10 +144,9 @@ def _disown_inherited_workers() -> None:
     # their live iterators; without this, each one's __del__ tries to stop processes that
     # are not its children when the worker exits ("AssertionError: can only test a child
     # process", seen whenever a train and a val loader are alive together).
-    for dataloader in list(_LIVE_DATALOADERS):
-        iterator = getattr(dataloader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown = True
+    for iterator in list(_LIVE_WORKER_ITERATORS):
+        iterator._shutdown = True
+    _LIVE_WORKER_ITERATORS.clear()
 
 
 os.register_at_fork(after_in_child=_disown_inherited_workers)
@@ -164,12 +165,29 @@ class _WorkersStopWhenFreed(DataLoader):
         iterator = super()._get_iterator()
         if self.num_workers > 0:
             finalizer = weakref.finalize(self, _stop_workers, iterator)
-            finalizer.atexit = False          # at exit, torch's own handler ends the workers
+            finalizer.atexit = False          # at exit, _stop_workers_at_exit ends them all
+            _LIVE_WORKER_ITERATORS.add(iterator)
         return iterator
 
 
 def _stop_workers(iterator) -> None:
     iterator._shutdown_workers()              # torch's own shutdown; a no-op the second time
+
+
+@atexit.register        # after torch's and multiprocessing's own: so it runs before both (last in, first out)
+def _stop_workers_at_exit() -> None:
+    """Stop the workers of every loader still alive at interpreter exit: one held by an uncaught
+    exception's traceback, mid-epoch. Left to them, torch's handler only marks the exit (its
+    iterators' shutdown is then a no-op), and multiprocessing's SIGTERMs its daemon children,
+    which our workers ignore (prepare_worker), then joins them: the process hung for good after
+    printing its traceback. Stopped by torch's message here, and any worker still busy after
+    torch's join timeout killed."""
+    for iterator in list(_LIVE_WORKER_ITERATORS):
+        _stop_workers(iterator)
+        for worker in getattr(iterator, "_workers", []):
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
 
 
 class BatchKeys:
@@ -212,5 +230,4 @@ def torch_dataloader(dataset, spec: LoaderSpec, **kwargs) -> DataLoader:
                                        pin_memory=spec.device.startswith("cuda"), persistent_workers=workers > 0,
                                        prefetch_factor=4 if workers else None, worker_init_fn=prepare_worker,
                                        **kwargs)
-    _LIVE_DATALOADERS.add(dataloader)
     return dataloader

@@ -152,6 +152,27 @@ def test_workers_stop_at_once_when_the_garbage_collector_frees_a_loader(converte
     assert not any(worker.is_alive() for worker in workers)
 
 
+@pytest.mark.parametrize("backend,form,spec", [("folder", "folder", {}),
+                                               ("webdataset", "webdataset", dict(randaugment=(1, 5)))])
+def test_an_uncaught_exception_mid_epoch_ends_the_process_at_once(converted_sets, backend, form, spec):
+    """A bug or an out-of-memory error in a training step leaves the loader alive in the
+    traceback through interpreter exit, where multiprocessing joins its daemon children after a
+    SIGTERM that our workers ignore (they leave stopping to their rank): the process used to
+    hang there for good, its traceback printed, instead of exiting."""
+    path = converted_sets["photos"][form]
+    code = textwrap.dedent(f"""
+        from pipeline import LoaderSpec, build_loader
+        loader = build_loader(LoaderSpec({backend!r}, path={str(path)!r}, batch_size=8, num_workers=2, **{spec!r}))
+        batches = iter(loader)
+        next(batches)
+        raise ZeroDivisionError("a fault in the step")
+    """)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 1 and "ZeroDivisionError: a fault in the step" in result.stderr, result.stderr
+    assert time.monotonic() - started < 30, "the process lingered after its traceback"
+
+
 def test_shard_stream_pieces_cover_every_sample_once_per_epoch():
     from pipeline.backends.webdataset import stream_pieces
     counts = [5, 3, 7]
