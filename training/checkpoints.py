@@ -1,4 +1,5 @@
-"""Checkpoints on disk: written atomically, the newest K kept, the newest readable one found.
+"""Checkpoints: what one holds (`snapshot`, `restore`), and on disk: written atomically, the
+newest K kept, the newest readable one found (`CheckpointStore`).
 
 A checkpoint is one file, `checkpoints/ep{epoch}-ba{step}.pt` (epoch and optimizer steps
 when it was taken). It holds only tensors and plain Python values and is always loaded
@@ -17,9 +18,68 @@ from typing import Optional
 import torch
 
 from pipeline.atomic_files import write_bytes_atomic
+from training.config import Config, ConfigError
+from training.engine import Engine
+from training.rng import set_rng_state
+from training.state import State
+from training.typed_config import to_plain
 
 log = logging.getLogger("training")
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
+FORMAT = 1
+
+
+def snapshot(state: State, engine: Engine, config: Config, rng_states: list, wall_seconds: float) -> dict:
+    """Everything a run needs to go on at exactly this step, on as many ranks (`rng_states`: one per rank)."""
+    return {"format": FORMAT, "world_size": len(rng_states), "config": to_plain(config),
+            "counters": state.counters() | {"wall_seconds": wall_seconds}, "model": state.model.state_dict(),
+            "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
+            "scaler": state.scaler.state_dict(), "algorithms": engine.state_dict(),
+            "loader": state.train_loader.state_dict(), "rng": rng_states}
+
+
+def restore(checkpoint: dict, path: Path, state: State, engine: Engine, config: Config, rank: int,
+            world_size: int) -> tuple[float, list[str]]:
+    """Put this rank's run back at the checkpoint's step; the wall seconds of the sessions before, and
+    the config keys changed since. Mid-epoch, the loader's position needs the same number of ranks."""
+    counters, saved_world = checkpoint["counters"], checkpoint["world_size"]
+    if saved_world != world_size and counters["batch_in_epoch"]:
+        raise ConfigError(f"checkpoint {path} was taken mid-epoch with {saved_world} processes; "
+                          f"resume it with {saved_world}")
+    state.model.load_state_dict(checkpoint["model"])
+    state.optimizer.load_state_dict(checkpoint["optimizer"])
+    state.scheduler.load_state_dict(checkpoint["scheduler"])
+    state.scaler.load_state_dict(checkpoint["scaler"])
+    engine.load_state_dict(checkpoint["algorithms"])
+    wall_before = counters.pop("wall_seconds")
+    counters.setdefault("evaluated_step", counters["step"])   # checkpoints from before the field
+    state.load_counters(counters)
+    if state.batch_in_epoch:
+        state.train_loader.load_state_dict(checkpoint["loader"])
+    set_rng_state(checkpoint["rng"][rank % saved_world])
+    return wall_before, changed_keys(checkpoint["config"], to_plain(config))
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted config keys whose values differ (where the run is kept, and resume itself, aside)."""
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += changed_keys(a, b, f"{prefix}{key}.")
+        elif a != b and key not in ("resume", "run_dir"):
+            keys.append(prefix + key)
+    return keys
+
+
+def find(store: "CheckpointStore", resume: str) -> Optional[tuple[Path, dict]]:
+    """(path, checkpoint) that resume= names (auto: the newest that loads in `store`), or None."""
+    if resume == "auto":
+        return store.load_newest()
+    try:
+        return Path(resume), load(Path(resume))
+    except Exception as error:      # torch raises many kinds for damaged files
+        raise ConfigError(f"resume={resume}: cannot load it ({type(error).__name__}: {error})") from None
 
 
 class CheckpointStore:

@@ -22,14 +22,15 @@ from algorithms import clashes
 from algorithms.base import Event
 from pipeline import build_loader
 from training import distributed as dist
-from training.checkpoints import CheckpointStore, load as load_checkpoint
+from training import checkpoints
+from training.checkpoints import CheckpointStore
 from training.config import Config, ConfigError
 from training.engine import Engine
 from training.losses import build_loss
 from training.models import build_model
 from training.optim import build_optimizer, build_scheduler
 from training.precision import autocast_for, describe, gpu_precision, probe_cpu_precision
-from training.rng import rng_state, seed_everything, set_rng_state
+from training.rng import rng_state, seed_everything
 from training.run_log import RunLog, cannot_write
 from training.state import State
 from training.step_phases import StepPhases
@@ -38,7 +39,6 @@ from training.stop_requests import Preempted, RunFault, StopRequests
 from training.typed_config import to_plain
 
 log = logging.getLogger("training")
-CHECKPOINT_FORMAT = 1
 _UNREAD = object()      # the checkpoint to resume from, before anything looked for it
 
 
@@ -131,8 +131,7 @@ class Trainer:
         """(path, checkpoint) that resume= names (auto: the newest that loads), or None; read once, as
         precision=auto reads it in __init__ before _resume restores it."""
         if self._resume_source is _UNREAD:
-            resume = self.config.resume
-            self._resume_source = self.store.load_newest() if resume == "auto" else (Path(resume), _load_named(resume))
+            self._resume_source = checkpoints.find(self.store, self.config.resume)
         return self._resume_source
 
     # --- the run --------------------------------------------------------------------------
@@ -315,12 +314,7 @@ class Trainer:
         dist.doing(f"the checkpoint of step {state.step}")
         rng_states = dist.gather_to_main(rng_state(), self.world)
         if self.world.is_main:
-            counters = state.counters() | {"wall_seconds": self._wall_seconds()}
-            checkpoint = {"format": CHECKPOINT_FORMAT, "world_size": self.world.size, "config": to_plain(self.config),
-                          "counters": counters, "model": state.model.state_dict(),
-                          "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
-                          "scaler": state.scaler.state_dict(), "algorithms": self.engine.state_dict(),
-                          "loader": state.train_loader.state_dict(), "rng": rng_states}
+            checkpoint = checkpoints.snapshot(state, self.engine, self.config, rng_states, self._wall_seconds())
             try:
                 path = self.store.save(checkpoint, state.epoch, state.step)
             except OSError as error:
@@ -372,23 +366,8 @@ class Trainer:
             return
         path, checkpoint = found
         state = self.state
-        counters = checkpoint["counters"]
-        saved_world = checkpoint["world_size"]
-        if saved_world != self.world.size and counters["batch_in_epoch"]:
-            raise ConfigError(f"checkpoint {path} was taken mid-epoch with {saved_world} processes; "
-                              f"resume it with {saved_world}")
-        state.model.load_state_dict(checkpoint["model"])
-        state.optimizer.load_state_dict(checkpoint["optimizer"])
-        state.scheduler.load_state_dict(checkpoint["scheduler"])
-        state.scaler.load_state_dict(checkpoint["scaler"])
-        self.engine.load_state_dict(checkpoint["algorithms"])
-        self._wall_before = counters.pop("wall_seconds")
-        counters.setdefault("evaluated_step", counters["step"])   # checkpoints from before the field
-        state.load_counters(counters)
-        if state.batch_in_epoch:
-            state.train_loader.load_state_dict(checkpoint["loader"])
-        set_rng_state(checkpoint["rng"][self.world.rank % saved_world])
-        changed = _changed_keys(checkpoint["config"], to_plain(self.config))
+        self._wall_before, changed = checkpoints.restore(checkpoint, path, state, self.engine, self.config,
+                                                         self.world.rank, self.world.size)
         self.log.print(f"resumed from {path}: epoch {state.epoch + 1}, step {state.step}"
                        + (f" (config keys changed since: {', '.join(changed)})" if changed else ""))
 
@@ -441,20 +420,3 @@ def _small_resnet_options(config: Config) -> dict:
         return {}
     return {"width": config.model.width, "blocks_per_stage": config.model.blocks_per_stage}
 
-
-def _load_named(path: str) -> dict:
-    try:
-        return load_checkpoint(Path(path))
-    except Exception as error:
-        raise ConfigError(f"resume={path}: cannot load it ({type(error).__name__}: {error})") from None
-
-
-def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            keys += _changed_keys(a, b, f"{prefix}{key}.")
-        elif a != b and key not in ("resume", "run_dir"):
-            keys.append(prefix + key)
-    return keys
