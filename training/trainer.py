@@ -419,4 +419,3 @@ def _small_resnet_options(config: Config) -> dict:
     if config.model.name != "small_resnet":
         return {}
     return {"width": config.model.width, "blocks_per_stage": config.model.blocks_per_stage}
-
