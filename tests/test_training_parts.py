@@ -130,7 +130,6 @@ def test_checkpoints_refuse_pickled_code(tmp_path, caplog):
     assert state == {"step": 1} and "ep0-ba2.pt does not load" in caplog.text
 
 
-
 def test_resume_finds_the_named_checkpoint_or_says_in_one_line_why_not(tmp_path):
     store = CheckpointStore(tmp_path / "run", keep=2)
     assert checkpoints.find(store, "auto") is None                  # a new run
@@ -139,10 +138,12 @@ def test_resume_finds_the_named_checkpoint_or_says_in_one_line_why_not(tmp_path)
     named = tmp_path / "elsewhere.pt"
     torch.save({"step": 7}, named)
     assert checkpoints.find(store, str(named)) == (named, {"step": 7})
-    named.write_bytes(named.read_bytes()[:50])
-    with pytest.raises(ConfigError, match=rf"^resume={named}: cannot load it \(") as raised:
-        checkpoints.find(store, str(named))
-    assert "\n" not in str(raised.value)
+    torch.save({"step": 8, "payload": Recorder("x", [])}, named)    # not weights_only-safe: a long message
+    for damage in (lambda: None, lambda: named.write_bytes(named.read_bytes()[:50])):
+        damage()
+        with pytest.raises(ConfigError, match=rf"^resume={named}: cannot load it \(") as raised:
+            checkpoints.find(store, str(named))
+        assert "\n" not in str(raised.value)
 
 
 def test_a_mid_epoch_checkpoint_resumes_only_on_as_many_ranks():
@@ -158,6 +159,7 @@ def test_changed_config_keys_are_dotted_and_leave_out_where_the_run_is():
     old = {"optim": {"lr": 0.1, "momentum": 0.9}, "run_dir": "a", "resume": "never", "seed": 1}
     new = {"optim": {"lr": 0.2, "momentum": 0.9}, "run_dir": "b", "resume": "auto", "seed": 1, "compile": True}
     assert checkpoints.changed_keys(old, new) == ["compile", "optim.lr"]
+
 
 def test_loop_fires_events_in_order_and_counts(tmp_path):
     config = load_config(None, ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=48",

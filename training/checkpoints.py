@@ -79,7 +79,7 @@ def find(store: "CheckpointStore", resume: str) -> Optional[tuple[Path, dict]]:
     try:
         return Path(resume), load(Path(resume))
     except Exception as error:      # torch raises many kinds for damaged files
-        raise ConfigError(f"resume={resume}: cannot load it ({type(error).__name__}: {error})") from None
+        raise ConfigError(f"resume={resume}: cannot load it ({_first_line(error)})") from None
 
 
 class CheckpointStore:
@@ -113,10 +113,14 @@ class CheckpointStore:
             try:
                 return path, load(path)
             except Exception as error:  # torch raises many kinds for damaged files
-                log.warning("checkpoint %s does not load (%s: %s); trying the one before it",
-                            path, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+                log.warning("checkpoint %s does not load (%s); trying the one before it", path, _first_line(error))
         return None
 
 
 def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _first_line(error: Exception) -> str:
+    """torch's load errors run to a dozen lines (weights_only's advice): the kind and the first."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
