@@ -193,7 +193,7 @@ def report(work: Path, results: Path, hardware: dict) -> str:
                       f"**{figures['verdict']}**: loader alone {figures['loader_img_per_s']:,.0f} img/s, model alone "
                       f"{figures['model_img_per_s']:,.0f}, together {figures['together_img_per_s']:,.0f}, waiting for "
                       f"data {figures['wait_share']:.0%} of the time. {figures['verdict_text']}"]
-    lines += end_to_end_lines(work, results, machine)
+    lines += end_to_end_lines(work, results, machine) + compare_lines(work)
     run = work / "resnet50_mild"
     if (run / "metrics.jsonl").exists():
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -216,7 +216,7 @@ def end_to_end_lines(work: Path, results: Path, machine: str) -> list[str]:
     runs = {path.stem[4:]: json.loads(path.read_text()) for path in work.glob("e2e-*.json")
             if path.stem != "e2e-compare"}
     if not runs:
-        return compare_lines(work)
+        return []
     lines = ["", "## End to end against model-bound (resnet50_mild from photos-large, one GPU)", "",
              "img/s; synced: a sync after every step (diagnose's verdict); as training: none (free-running).", "",
              "| run | side | compile | loader | loader alone | model synced | together synced | "
@@ -236,7 +236,7 @@ def end_to_end_lines(work: Path, results: Path, machine: str) -> list[str]:
         share = figures["together_img_per_s"] / figures["model_img_per_s"]
         lines += ["", f"At 176 px, compiled, {how}: end to end is {share:.1%} of model-bound; the target is "
                       f"{E2E_TARGET:.0%}: **{'met' if share >= E2E_TARGET else 'not met'}**."]
-    return lines + compare_lines(work) + projection_lines(work, results, machine)
+    return lines + projection_lines(work, results, machine)
 
 
 def compare_lines(work: Path) -> list[str]:
