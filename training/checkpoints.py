@@ -122,5 +122,12 @@ def load(path: Path) -> dict:
 
 
 def _first_line(error: Exception) -> str:
-    """torch's load errors run to a dozen lines (weights_only's advice): the kind and the first."""
-    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    """Why a file did not load, in one line. torch's messages run to a dozen lines; for a file
+    holding objects other than tensors and plain values, they advise `weights_only=False`,
+    which would let the file run code: say what it holds instead."""
+    text = str(error)
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if text.startswith("Weights only load failed") and refused:
+        return (f"it holds a {refused[1]} object, and checkpoints load weights-only: tensors and plain "
+                "values, never code; not a checkpoint of ours")
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
