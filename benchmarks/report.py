@@ -125,7 +125,7 @@ def loader_key(row: dict) -> tuple:
 
 def model_settings_key(row: dict) -> tuple:
     return (row["model"], row["resolution"], row["step"], row.get("device", "?"), row.get("precision", "fp32"),
-            bool(row.get("channels_last")), bool(row.get("compile")), row.get("batch_size"))
+            bool(row.get("channels_last")), bool(row.get("compile")), row.get("batch_size"), row.get("threads"))
 
 
 def backend_order(backend: str) -> tuple:
@@ -210,9 +210,11 @@ def model_section(rows: list[dict]) -> list[str]:
                     "compiled" if row.get("compile") else "eager"]
         if row.get("batch_size"):
             settings.append(f"batch {row['batch_size']}")
+        if row.get("threads") and row.get("device") == "cpu":
+            settings.append(f"{row['threads']} thread{'s' if row['threads'] > 1 else ''}")
         table.append([model, res, step, device, rate(row["img_per_s"]), ", ".join(settings)])
     return [*markdown_table(["model", "resolution", "step", "device", "img/s", "best settings"], table, {1, 4}), "",
-            "Best over precision, channels-last and torch.compile (latest figure of each)."]
+            "Best over precision, channels-last, torch.compile and, on a CPU, threads (latest figure of each)."]
 
 
 def machine_plot(plt, machine: str, loaders: list[dict], models: list[dict]):

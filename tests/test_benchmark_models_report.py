@@ -206,3 +206,17 @@ def test_report_keeps_loaders_on_the_gpu_and_each_hardware_decoder_share_apart(t
     for name, figure in (("dali-wds", "1,111"), ("dali-wds -> cuda", "2,222"), ("dali-wds -> cuda hw 0", "3,333"),
                          ("dali-wds -> cuda hw 1", "4,444")):
         assert f"| {name} | 16 | {figure} |" in report, name
+
+
+def test_a_later_figure_on_fewer_cpu_threads_does_not_replace_the_best(tmp_path):
+    """Thread count is a setting like precision: a one-thread figure measured after a two-thread
+    one is its own row, and the table names the threads of the figure it shows."""
+    results, out = tmp_path / "results", tmp_path / "out"
+    base = {"benchmark": "models", "model": "small_resnet", "resolution": 28, "step": "train", "device": "cpu",
+            "precision": "bf16", "channels_last": True, "compile": False, "batch_size": 128}
+    append_results([{**base, "threads": 2, "img_per_s": 1542.0}, {**base, "threads": 1, "img_per_s": 924.0}],
+                   MACHINES["cpu"], results)
+    run = benchmark("report.py", "--results-dir", results, "--out", out)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "| small_resnet | 28 | train | cpu | 1,542 | bf16, channels-last, eager, batch 128, 2 threads |" in report
