@@ -25,6 +25,9 @@ from pipeline.spec import LoaderSpec
 log = logging.getLogger("pipeline")
 
 
+HANDOVER_ERRORS = (ConnectionError, EOFError)     # how a batch's handover fails when its worker dies
+
+
 class LoaderWorkerDied(RuntimeError):
     """A loader's worker process died mid-epoch (torch's DataLoader noticed): its message is one
     line naming the backend and the likely cause."""
@@ -32,15 +35,19 @@ class LoaderWorkerDied(RuntimeError):
     def __init__(self, backend: str, detail: str, split: str | None = None):
         # A SIGKILL from nowhere is, far most often, the kernel's out-of-memory killer.
         where = f"{backend} loader" + (f", {split} split" if split else "")
-        super().__init__(f"{where}: a worker process died ({detail.strip().rstrip('.')}); most likely the "
+        super().__init__(f"{where}: a worker process died ({detail.strip().rstrip('.') or 'mid-handover of a batch'}); most likely the "
                          f"out-of-memory killer (dmesg says): lower data.num_workers or data.batch_size, or give "
                          f"the job more memory")
 
     @staticmethod
     def says_so(error: BaseException) -> bool:
         """torch's DataLoader, on a dead worker: its SIGCHLD handler's RuntimeError (raised in the
-        main thread wherever it is) or, while a batch was being handed over, a reset connection."""
-        return str(error).startswith("DataLoader worker") or isinstance(error, ConnectionResetError)
+        main thread wherever it is) or, while a batch was being handed over (a tensor's file
+        descriptor fetched from the worker's resource sharer), a broken connection or an EOFError.
+        An error raised inside a worker reaches here with its own type but a message "Caught ...":
+        that is the worker's fault, not its death."""
+        return isinstance(error, RuntimeError) and str(error).startswith("DataLoader worker") or (
+            isinstance(error, HANDOVER_ERRORS) and not str(error).startswith("Caught "))
 
 
 class Loader:
@@ -108,7 +115,7 @@ class Loader:
             for index, images, labels in self._batches(self.epoch, start):
                 self.position = index + 1
                 yield images, labels
-        except (RuntimeError, ConnectionResetError) as error:
+        except (RuntimeError, *HANDOVER_ERRORS) as error:
             if not LoaderWorkerDied.says_so(error):
                 raise
             raise LoaderWorkerDied(self.spec.backend, str(error), self.spec.split) from None
