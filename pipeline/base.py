@@ -35,7 +35,8 @@ class LoaderWorkerDied(RuntimeError):
     def __init__(self, backend: str, detail: str, split: str | None = None):
         # A SIGKILL from nowhere is, far most often, the kernel's out-of-memory killer.
         where = f"{backend} loader" + (f", {split} split" if split else "")
-        super().__init__(f"{where}: a worker process died ({detail.strip().rstrip('.') or 'mid-handover of a batch'}); most likely the "
+        detail = detail.strip().rstrip(".") or "mid-handover of a batch"     # a handover's EOFError says nothing
+        super().__init__(f"{where}: a worker process died ({detail}); most likely the "
                          f"out-of-memory killer (dmesg says): lower data.num_workers or data.batch_size, or give "
                          f"the job more memory")
 
@@ -46,8 +47,9 @@ class LoaderWorkerDied(RuntimeError):
         descriptor fetched from the worker's resource sharer), a broken connection or an EOFError.
         An error raised inside a worker reaches here with its own type but a message "Caught ...":
         that is the worker's fault, not its death."""
-        return isinstance(error, RuntimeError) and str(error).startswith("DataLoader worker") or (
-            isinstance(error, HANDOVER_ERRORS) and not str(error).startswith("Caught "))
+        if isinstance(error, RuntimeError):
+            return str(error).startswith("DataLoader worker")
+        return isinstance(error, HANDOVER_ERRORS) and not str(error).startswith("Caught ")
 
 
 class Loader:

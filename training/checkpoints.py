@@ -79,7 +79,7 @@ def find(store: "CheckpointStore", resume: str) -> Optional[tuple[Path, dict]]:
     try:
         return Path(resume), load(Path(resume))
     except Exception as error:      # torch raises many kinds for damaged files
-        raise ConfigError(f"resume={resume}: cannot load it ({_first_line(error)})") from None
+        raise ConfigError(f"resume={resume}: cannot load it ({_why_not_loaded(error)})") from None
 
 
 class CheckpointStore:
@@ -113,7 +113,7 @@ class CheckpointStore:
             try:
                 return path, load(path)
             except Exception as error:  # torch raises many kinds for damaged files
-                log.warning("checkpoint %s does not load (%s); trying the one before it", path, _first_line(error))
+                log.warning("checkpoint %s does not load (%s); trying the one before it", path, _why_not_loaded(error))
         return None
 
 
@@ -121,7 +121,7 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _first_line(error: Exception) -> str:
+def _why_not_loaded(error: Exception) -> str:
     """Why a file did not load, in one line. torch's messages run to a dozen lines; for a file
     holding objects other than tensors and plain values, they advise `weights_only=False`,
     which would let the file run code: say what it holds instead."""

@@ -23,7 +23,6 @@ from algorithms.base import Event
 from pipeline import build_loader
 from training import distributed as dist
 from training import checkpoints
-from training.checkpoints import CheckpointStore
 from training.config import Config, ConfigError
 from training.engine import Engine
 from training.losses import build_loss
@@ -47,7 +46,7 @@ class Trainer:
         self.config, self.world = config, world
         self._precision_choice = None         # what precision=auto picked, and why
         self._resume_source = _UNREAD         # (path, checkpoint) to resume from, or None: read once
-        self.store = CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
+        self.store = checkpoints.CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
         device = world.device
         if config.precision == "auto" and device.type == "cuda":
             self._precision_choice = gpu_precision()    # before INIT: algorithms check it (SAM refuses fp16)
