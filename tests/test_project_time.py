@@ -68,7 +68,8 @@ def test_projection_matches_the_sum_worked_out_by_hand(tmp_path):
 def test_a_real_diagnose_json_is_projected_and_the_figures_written(sample_sets, tmp_path):
     """The contract with tools/diagnose.py --json: a tiny fashion run on 2 cores, then its projection."""
     tiny = ["data.backend=folder", f"data.path={sample_sets / 'fashion'}", "data.batch_size=16",
-            "data.num_workers=1", "model.width=4", "model.blocks_per_stage=1", "precision=fp32"]
+            "data.num_workers=1", "model.width=4", "model.blocks_per_stage=1", "precision=fp32",
+            "max_duration=4ep"]              # set here: the recipe's own length may change
     recipe = RECIPES / "fashion_baseline.yaml"
     measured = tmp_path / "diagnose.json"
     diagnosed = run_tool("diagnose.py", "--config", recipe, *tiny, "--steps", "4", "--warmup", "1",
