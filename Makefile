@@ -5,7 +5,7 @@ PY := .venv/bin/python
 DATA := data
 SETS := fashion photos
 
-.PHONY: setup demo test gpu-check wheelhouse sample-data convert clean
+.PHONY: setup demo test gpu-check gpu-bundle wheelhouse sample-data convert clean
 
 setup:
 	@bash tools/bootstrap.sh
@@ -34,6 +34,14 @@ test: setup
 SETUP := setup
 gpu-check: $(SETUP)
 	@$(PY) tools/gpu_check.py
+
+# What the GPU check needs on a GPU node without internet whose image has torch, in pieces of at
+# most 58 MiB (tools/gpu_bundle.py; docs/benchmarks.md, "On a GPU lease"). GPU_PYTHON: an
+# interpreter of the node's Python version; CUDA: the major version of the node's torch build.
+GPU_PYTHON ?= python3.12
+CUDA ?= 13
+gpu-bundle: setup
+	@$(PY) tools/gpu_bundle.py pack gpu-bundle --python $(GPU_PYTHON) --cuda $(CUDA)
 
 # Every package the set-up needs, for an offline install: WHEELHOUSE=DIR bash tools/bootstrap.sh
 WHEELHOUSE ?= wheelhouse

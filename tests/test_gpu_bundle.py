@@ -1,0 +1,149 @@
+"""tools/gpu_bundle.py: pieces made here install on a node, and a missing or damaged piece is caught.
+
+The packing half downloads DALI and builds FFCV (internet, minutes), so it is exercised by hand
+(docs/benchmarks.md); these tests give it small real wheels, install them with the real pip into a
+site folder, and import them from a fresh interpreter through the env.sh it writes.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import gpu_bundle  # noqa: E402
+
+PIECE_BYTES = 4096          # several pieces per group, as DALI's 190 MiB wheel makes at 58 MiB
+
+
+def make_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """A minimal pure-Python wheel: the files, METADATA, WHEEL and RECORD."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    info = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+            f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    path = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in {**files, **info}.items():
+            archive.writestr(member, text)
+        archive.writestr(f"{dist}.dist-info/RECORD", "".join(f"{m},,\n" for m in [*files, *info]) +
+                         f"{dist}.dist-info/RECORD,,\n")
+    return path
+
+
+def make_bundle(tmp_path: Path, photo: bool = True) -> Path:
+    """Two groups as `pack` lays them out: base with a wheel, a JPEG kit, a photograph and a wheel
+    of a distribution this Python already has (pytest); dali with an `nvidia.*` namespace wheel."""
+    base, dali = tmp_path / "src" / "base", tmp_path / "src" / "dali"
+    for folder in (base, dali):
+        folder.mkdir(parents=True)
+    make_wheel(base, "probe-base", "1.0", {"probe_base/__init__.py": "VALUE = 'base'\n" + "#" * 6000 + "\n"})
+    make_wheel(base, "pytest", "0.0.1", {"pytest_shadow_probe/__init__.py": ""})
+    (base / "jpeg-kit" / "usr" / "include").mkdir(parents=True)
+    (base / "jpeg-kit" / "usr" / "include" / "jpeglib.h").write_text("/* kit */\n")
+    if photo:
+        path = base / "photos" / "mate-backgrounds" / "usr" / "share" / "Aqua.jpg"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"\xff\xd8 not decoded here \xff\xd9")
+    make_wheel(dali, "probe-dali", "2.0", {"nvidia/__init__.py": "raise ImportError('hides the node')\n",
+                                           "nvidia/probe_dali/__init__.py": "VALUE = 'dali'\n" + "#" * 9000 + "\n"})
+    out = tmp_path / "bundle"
+    gpu_bundle.write_bundle(out, {"base": (base, ["probe_base"]), "dali": (dali, ["nvidia.probe_dali"])},
+                            PIECE_BYTES, python="3.x", cuda="13")
+    return out
+
+
+@pytest.fixture()
+def bundle(tmp_path) -> Path:
+    return make_bundle(tmp_path)
+
+
+def install(bundle: Path, site: Path, root: Path, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_bundle.py"), "install", str(bundle),
+                           "--site", str(site), "--root", str(root)], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def imported(site: Path, code: str) -> str:
+    """stdout of `code` in a fresh interpreter after `source site/env.sh`."""
+    result = subprocess.run(["bash", "-c", f"source {site}/env.sh && {sys.executable} -c \"{code}\""],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()
+
+
+@pytest.mark.timeout(180)
+def test_the_pieces_install_into_a_site_that_env_sh_makes_importable(bundle, tmp_path):
+    manifest = gpu_bundle.read_manifest(bundle)
+    assert [len(g["pieces"]) > 1 for g in manifest["groups"].values()] == [True, True], manifest
+    site, root = tmp_path / "site", tmp_path / "repo"
+    result = install(bundle, site, root)
+    assert result.returncode == 0, result.stderr
+    assert "import probe_base: ok" in result.stderr and "import nvidia.probe_dali: ok" in result.stderr
+    assert imported(site, "import probe_base, nvidia.probe_dali; print(probe_base.VALUE, nvidia.probe_dali.VALUE)") \
+        == "base dali"
+    # the node's own pytest is not shadowed, and no namespace __init__ hides the node's nvidia.*
+    assert not list((site / "base").glob("pytest-0.0.1*")) and (site / "base" / "probe_base").is_dir()
+    assert not (site / "dali" / "nvidia" / "__init__.py").exists()
+    assert (root / "data" / "sample" / ".debian" / "mate-backgrounds" / "usr" / "share" / "Aqua.jpg").is_file()
+    env_sh = (site / "env.sh").read_text()
+    assert f"CPATH=\"{site}/base/jpeg-kit/usr/include" in env_sh and str(root) in env_sh, env_sh
+
+    again = install(bundle, site, root)             # the next call's: nothing to do
+    assert again.returncode == 0 and "base: already installed" in again.stderr, again.stderr
+
+    # with env.sh sourced, site's own copies are on the path: they do not count as the node's
+    probe = ("import sys; from pathlib import Path; sys.path.insert(0, 'tools'); import gpu_bundle; "
+             f"print(*(gpu_bundle.node_has(Path(n), Path('{site}')) for n in "
+             "('probe_base-1.0-py3-none-any.whl', 'pytest-0.0.1-py3-none-any.whl')))")
+    result = subprocess.run(["bash", "-c", f"source {site}/env.sh && {sys.executable} -c \"{probe}\""],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.stdout.split() == ["False", "True"], result.stderr[-2000:]
+
+
+@pytest.mark.timeout(180)
+def test_a_missing_piece_leaves_its_group_out_and_a_damaged_one_is_named(bundle, tmp_path):
+    site, root = tmp_path / "site", tmp_path / "repo"
+    last = bundle / gpu_bundle.read_manifest(bundle)["groups"]["dali"]["pieces"][-1]["name"]
+    kept = last.read_bytes()
+    last.unlink()                                   # its call has not come yet
+    result = install(bundle, site, root)
+    assert result.returncode == 0, result.stderr
+    assert f"missing {last.name}" in result.stderr and not (site / "dali").exists()
+    assert imported(site, "import probe_base; print(probe_base.VALUE)") == "base"
+
+    last.write_bytes(kept[:-1] + bytes([kept[-1] ^ 1]))     # one bit flipped in transit
+    result = install(bundle, site, root)
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and str(last) in errors[0], result.stderr
+    assert not (site / "dali").exists()
+    assert imported(site, "import probe_base; print(probe_base.VALUE)") == "base"    # what was there stays
+
+
+def test_a_folder_without_the_manifest_is_one_line_naming_it(tmp_path):
+    (tmp_path / "base.tar.00").write_bytes(b"piece")
+    result = install(tmp_path, tmp_path / "site", tmp_path)
+    assert result.returncode == 2 and result.stderr.strip() == \
+        f"error: no MANIFEST.json in {tmp_path}: carry it with the pieces", result.stderr
+
+
+@pytest.mark.timeout(180)
+def test_a_gpu_session_installs_what_came_and_packs_the_results_for_the_trip_back(tmp_path):
+    """tools/gpu_session.sh on this machine: gpu_check says there is no CUDA and exits 0; the
+    bundle is installed, and the results folder, seeded from the repository's, comes back packed.
+    (No photograph in this bundle: the session puts them into this repository's data/.)"""
+    keep = tmp_path / "keep"
+    env = {**os.environ, "BUNDLE": str(make_bundle(tmp_path, photo=False)), "KEEP": str(keep), "PYTHON": sys.executable}
+    result = subprocess.run(["bash", str(ROOT / "tools" / "gpu_session.sh"), "report"], capture_output=True,
+                            text=True, env=env, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "import nvidia.probe_dali: ok" in result.stderr and "gpu_check exit 0" in result.stderr
+    with tarfile.open(keep / "gpu-results.tgz") as packed:
+        names = packed.getnames()
+    committed = sorted(p.name for p in (ROOT / "benchmarks" / "results").glob("*.jsonl"))
+    assert committed and all(f"results/{name}" in names for name in committed), names

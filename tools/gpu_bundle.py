@@ -1,0 +1,352 @@
+"""What `make gpu-check` needs on a GPU node without internet, packed here in pieces of a size you choose.
+
+A GPU image that already holds Python, torch (CUDA), numpy, numba, Pillow and OpenCV (an
+NGC-style container; the GPU machines lent to us: Python 3.12, torch 2.11+cu130, where one call
+carries at most 64 MiB) lacks DALI, webdataset, simplejpeg, FFCV, the libjpeg-turbo headers our
+C engine compiles against, and the photographs tools/make_sample_data.py cuts its sets from.
+
+    python tools/gpu_bundle.py pack [OUT] [--python python3.12] [--cuda 13] [--piece-mib 58]
+    python3 tools/gpu_bundle.py install DIR [--site /tmp/site]      (on the node, repository root)
+    source /tmp/site/env.sh                                           (then make gpu-check PY=python3 SETUP=)
+
+`pack` (default OUT: gpu-bundle/) makes two groups, each a tar split into pieces, and
+MANIFEST.json with every piece's size and sha256:
+- base: the FFCV wheel (tools/ffcv_wheel.sh) and its small dependencies, webdataset,
+  simplejpeg, the pytest plugins the suite needs, a libjpeg-turbo kit (headers and library,
+  from Debian packages) and the 23 source photographs (about 26 MiB: one piece). Every stage
+  but DALI's runs with it alone;
+- dali: DALI for CUDA `--cuda`, nvImageCodec and nvJPEG, and DALI's pure-Python dependencies
+  (about 225 MiB). nvCOMP, nvJPEG2000 and nvTIFF stay out: DALI says it cannot load them and
+  goes on (JPEG needs none of them).
+`install` checks whatever pieces DIR holds against the manifest and installs each complete
+group into SITE/<group> (pip --no-index --no-deps --target; a wheel whose distribution the node
+already has is skipped, so the image's own builds are never shadowed), puts the photographs
+where make_sample_data and the tests look (data/sample/.debian), and writes SITE/env.sh. A
+group with a piece missing is reported and left out; a damaged piece stops its group with a
+one-line error naming it; a group installed before from the same pieces is kept, any other replaced whole. docs/benchmarks.md ("On a GPU
+lease") gives the calls, a piece each.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from pipeline.atomic_files import replace_atomically, write_bytes_atomic  # noqa: E402
+
+MANIFEST = "MANIFEST.json"
+FORMAT = 1
+# What the node is taken to have: built against its own CUDA and Python, too big to carry.
+NODE_HAS = {"torch", "numpy", "numba", "llvmlite", "pillow", "opencv-python", "opencv-python-headless"}
+# DALI's optional codec libraries (nvTIFF and nvJPEG2000 decoders, nvCOMP's GPU decompression).
+DALI_OPTIONAL = re.compile(r"nvidia-(libnvcomp|nvjpeg2k|nvtiff)")
+BASE_SPECS = ["webdataset>=1.0,<2", "braceexpand", "simplejpeg>=1.7,<2", "six", "tqdm>=4.60", "pyyaml>=6",
+              "pytest-timeout>=2.3", "pytest-xdist>=3.5", "execnet"]
+JPEG_KIT_PACKAGES = ("libjpeg62-turbo", "libjpeg62-turbo-dev")
+# What each group must make importable on the node (kept in the manifest).
+GROUP_IMPORTS = {"base": ["ffcv", "webdataset", "simplejpeg"], "dali": ["nvidia.dali"]}
+
+
+class BundleError(Exception):
+    """A one-line reason the bundle cannot be made or installed."""
+
+
+def say(message: str) -> None:
+    print(f"[gpu-bundle] {message}", file=sys.stderr, flush=True)
+
+
+def distribution(wheel: Path) -> str:
+    """A wheel file's distribution name, normalized (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --- pack (here, with internet) ---------------------------------------------------------------
+def run(command: list, what: str, cwd=None) -> None:
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.startswith(("ERROR", "E:", "[ffcv-wheel] error"))] or lines or ["no message"]
+        raise BundleError(f"{what} failed: {errors[-1][:300]}")
+
+
+def pip_download(specs: list[str], dest: Path, python_version: str) -> None:
+    platforms = [f"manylinux_2_{n}_x86_64" for n in (17, 27, 28)] + ["manylinux2014_x86_64"]
+    command = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+               "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
+               *[arg for p in platforms for arg in ("--platform", p)], "-d", str(dest), *specs]
+    run(command, f"pip download {' '.join(specs)}")
+
+
+def requirements(wheel: Path) -> list[str]:
+    """A wheel's Requires-Dist lines that hold without extras."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(name).decode().splitlines()
+    return [ln.split(":", 1)[1].strip() for ln in lines
+            if ln.startswith("Requires-Dist:") and "extra ==" not in ln]
+
+
+def gather_dali(dest: Path, cuda: str, python_version: str) -> None:
+    pip_download([f"nvidia-dali-cuda{cuda}0>=2.0,<3"], dest, python_version)
+    dali = next(dest.glob("nvidia_dali_*.whl"))
+    wanted = [f"nvidia-nvjpeg>={cuda},<{int(cuda) + 1}"]
+    for requirement in requirements(dali):
+        name = re.split(r"[\s\[<>=~!;]", requirement, maxsplit=1)[0].lower()
+        if name in NODE_HAS or DALI_OPTIONAL.match(name):
+            continue
+        wanted.append(re.sub(r"\[[^]]*\]", "", requirement))    # nvimgcodec without its [all] extra
+    pip_download(wanted, dest, python_version)
+
+
+def gather_base(dest: Path, python: str, python_version: str) -> None:
+    pip_download(BASE_SPECS, dest, python_version)
+    run(["bash", str(ROOT / "tools" / "ffcv_wheel.sh"), str(dest), python], "tools/ffcv_wheel.sh")
+    for wheel in dest.glob("*.whl"):                  # ffcv_wheel.sh adds OpenCV, which the node has
+        if distribution(wheel) in NODE_HAS:
+            wheel.unlink()
+    kit = dest / "jpeg-kit"
+    with tempfile.TemporaryDirectory() as debs:
+        run(["apt-get", "download", *JPEG_KIT_PACKAGES], "apt-get download", cwd=debs)
+        for deb in Path(debs).glob("*.deb"):
+            run(["dpkg", "-x", str(deb), str(kit)], f"dpkg -x {deb.name}")
+    sys.path.insert(0, str(ROOT / "tools"))
+    from debian_packages import DebianPackageError, package_root
+    from make_sample_data import PHOTO_SOURCES, largest_image
+    cache = ROOT / "data" / "sample" / ".debian"
+    for _, package, path in PHOTO_SOURCES:
+        try:
+            package_dir = package_root(package, [path], cache)
+        except DebianPackageError as error:
+            raise BundleError(f"the photographs: {error}") from None
+        source = package_dir / path
+        if source.is_dir():                           # a wallpaper folder: only the size make_photos reads
+            source = largest_image(source)
+        target = dest / "photos" / package / source.relative_to(package_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def write_group(name: str, folder: Path, out: Path, piece_bytes: int, imports: list[str]) -> dict:
+    """Tar `folder` and cut it into out/<name>.tar.NN; returns the group's manifest entry."""
+    for old in out.glob(f"{name}.tar.[0-9]*"):
+        old.unlink()
+    tar_path = out / f".{name}.tar.partial"
+    with tarfile.open(tar_path, "w") as tar:
+        for path in sorted(folder.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(folder)), recursive=False)
+    pieces, size = [], tar_path.stat().st_size
+    with open(tar_path, "rb") as whole:
+        for index in range(max(1, -(-size // piece_bytes))):
+            piece = out / f"{name}.tar.{index:02d}"
+            write_bytes_atomic(piece, whole.read(piece_bytes), durable=False)
+            pieces.append({"name": piece.name, "size": piece.stat().st_size, "sha256": sha256(piece)})
+    entry = {"size": size, "sha256": sha256(tar_path), "pieces": pieces, "imports": imports,
+             "wheels": sorted(p.name for p in folder.glob("*.whl"))}
+    tar_path.unlink()
+    return entry
+
+
+def write_bundle(out: Path, groups: dict[str, tuple[Path, list[str]]], piece_bytes: int, **about) -> dict:
+    """Each group (name -> (folder, modules it must make importable)) as pieces, then the manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)          # never an old manifest beside new pieces
+    manifest = {"format": FORMAT, **about, "groups": {}}
+    for name, (folder, imports) in groups.items():
+        manifest["groups"][name] = group = write_group(name, folder, out, piece_bytes, imports)
+        say(f"{name}: {len(group['pieces'])} piece(s), {group['size'] / 2**20:.0f} MiB")
+    write_bytes_atomic(out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    return manifest
+
+
+def pack(out: Path, python: str, cuda: str, piece_mib: int) -> dict:
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True)
+    if version.returncode != 0:
+        raise BundleError(f"no interpreter {python} (the node's Python version, with its headers, builds FFCV)")
+    python_version = version.stdout.strip()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out) as work:
+        base, dali = Path(work) / "base", Path(work) / "dali"
+        for folder in (base, dali):
+            folder.mkdir()
+        say("base: gathering")
+        gather_base(base, python, python_version)
+        say("dali: gathering")
+        gather_dali(dali, cuda, python_version)
+        return write_bundle(out, {"base": (base, GROUP_IMPORTS["base"]), "dali": (dali, GROUP_IMPORTS["dali"])},
+                            piece_mib << 20, python=python_version, cuda=cuda)
+
+
+# --- install (on the node) --------------------------------------------------------------------
+def read_manifest(folder: Path) -> dict:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise BundleError(f"no {MANIFEST} in {folder}: carry it with the pieces") from None
+    except json.JSONDecodeError as error:
+        raise BundleError(f"{folder / MANIFEST} is not JSON ({error})") from None
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("groups"), dict):
+        raise BundleError(f"{folder / MANIFEST}: not a gpu_bundle manifest of format {FORMAT}")
+    return manifest
+
+
+def checked_pieces(folder: Path, name: str, group: dict) -> list[Path] | None:
+    """The group's pieces, each checked; None when some are not here yet."""
+    paths = [folder / p["name"] for p in group["pieces"]]
+    missing = [p.name for p in paths if not p.exists()]
+    if missing:
+        say(f"{name}: {len(paths) - len(missing)} of {len(paths)} pieces here, not installed "
+            f"(missing {', '.join(missing)})")
+        return None
+    for path, piece in zip(paths, group["pieces"]):
+        if path.stat().st_size != piece["size"] or sha256(path) != piece["sha256"]:
+            raise BundleError(f"{path}: size or sha256 differs from {MANIFEST}; copy this piece again")
+    return paths
+
+
+def node_has(wheel: Path, site: Path) -> bool:
+    """Whether this Python already has the wheel's distribution, from somewhere other than site
+    (an env.sh sourced before puts site's own copies on the path)."""
+    try:
+        found = Path(metadata.distribution(distribution(wheel)).locate_file("")).resolve()
+    except metadata.PackageNotFoundError:
+        return False
+    return site.resolve() not in (found, *found.parents)
+
+
+def install_group(name: str, pieces: list[Path], site: Path, root: Path, group_sha256: str) -> list[str]:
+    """Join, unpack and install one group into site/name; returns what it installed."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=site))
+    try:
+        tar_path = staging / "group.tar"
+        with open(tar_path, "wb") as whole:
+            for piece in pieces:
+                with open(piece, "rb") as f:
+                    shutil.copyfileobj(f, whole)
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(staging / "files", filter="data")
+        files = staging / "files"
+        wheels = sorted(files.glob("*.whl"))
+        wanted = [w for w in wheels if not node_has(w, site)]
+        target = staging / name
+        target.mkdir()
+        if wanted:
+            command = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
+                       "--no-deps", "--no-compile", "--no-cache-dir", "--target", str(target), *map(str, wanted)]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise BundleError(f"{name}: pip install failed: {result.stderr.strip().splitlines()[-1][:300]}")
+        # A namespace package's __init__ would hide the node's own nvidia.* CUDA libraries.
+        (target / "nvidia" / "__init__.py").unlink(missing_ok=True)
+        if (files / "jpeg-kit").is_dir():
+            os.replace(files / "jpeg-kit", target / "jpeg-kit")
+        if (files / "photos").is_dir():
+            cache = root / "data" / "sample" / ".debian"
+            for photo in sorted((files / "photos").rglob("*")):
+                destination = cache / photo.relative_to(files / "photos")
+                if photo.is_file() and not destination.exists():
+                    destination.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(photo, destination)
+        (target / ".bundle-sha256").write_text(group_sha256)
+        replace_atomically(target, site / name)
+        return [w.name for w in wanted]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def environment(site: Path, root: Path, groups) -> dict[str, str]:
+    """The variables that make the installed groups usable, in env.sh and in the import check."""
+    paths = [str(site / g) for g in groups if (site / g).is_dir()]
+    kit = site / "base" / "jpeg-kit" / "usr"
+    variables = {"PYTHONPATH": ":".join([*paths, str(root)])}
+    if kit.is_dir():
+        variables |= {"CPATH": f"{kit}/include:{kit}/include/x86_64-linux-gnu",
+                      "LIBRARY_PATH": f"{kit}/lib/x86_64-linux-gnu", "LD_LIBRARY_PATH": f"{kit}/lib/x86_64-linux-gnu"}
+    return variables
+
+
+def check_imports(modules: list[str], variables: dict[str, str]) -> None:
+    env = dict(os.environ)
+    for key, value in variables.items():
+        env[key] = f"{value}:{env[key]}" if env.get(key) else value
+    for module in modules:
+        result = subprocess.run([sys.executable, "-c", f"import {module}"], env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            last = (result.stderr.strip().splitlines() or ["no message"])[-1]
+            raise BundleError(f"installed, but `import {module}` fails: {last[:300]}")
+        say(f"import {module}: ok")
+
+
+def install(folder: Path, site: Path, root: Path) -> list[str]:
+    """Install every complete group found in folder; returns the groups installed."""
+    manifest = read_manifest(folder)
+    site.mkdir(parents=True, exist_ok=True)
+    installed = []
+    for name, group in manifest["groups"].items():
+        stamp = site / name / ".bundle-sha256"
+        if stamp.is_file() and stamp.read_text() == group["sha256"]:
+            say(f"{name}: already installed in {site / name}")
+            continue
+        pieces = checked_pieces(folder, name, group)
+        if pieces is not None:
+            wheels = install_group(name, pieces, site, root, group["sha256"])
+            say(f"{name}: installed into {site / name} ({len(wheels)} wheels; the node had the rest)")
+            installed.append(name)
+    variables = environment(site, root, manifest["groups"])
+    lines = [f'export {key}="{value}${{{key}:+:${key}}}"' for key, value in variables.items()]
+    write_bytes_atomic(site / "env.sh", ("\n".join(lines) + "\n").encode())
+    check_imports([m for g in installed for m in manifest["groups"][g].get("imports", [])], variables)
+    say(f"now: source {site / 'env.sh'}")
+    return installed
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    packing = commands.add_parser("pack", help="gather and split the bundle here (needs internet)")
+    packing.add_argument("out", nargs="?", type=Path, default=ROOT / "gpu-bundle")
+    packing.add_argument("--python", default="python3.12", help="an interpreter of the node's Python version")
+    packing.add_argument("--cuda", default="13", help="the node's CUDA major version (torch's build)")
+    packing.add_argument("--piece-mib", type=int, default=58, help="largest piece, MiB (default 58)")
+    installing = commands.add_parser("install", help="check the pieces here and install the complete groups")
+    installing.add_argument("folder", type=Path)
+    installing.add_argument("--site", type=Path, default=Path("/tmp/site"))
+    installing.add_argument("--root", type=Path, default=ROOT, help="the repository the tests and tools run in")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "pack":
+            if args.piece_mib < 1:
+                parser.error("--piece-mib must be at least 1")
+            manifest = pack(args.out, args.python, args.cuda, args.piece_mib)
+            for name, group in manifest["groups"].items():
+                say(f"carry {name}: " + ", ".join(p["name"] for p in group["pieces"]) + f" (with {MANIFEST})")
+        else:
+            install(args.folder, args.site, args.root)
+    except BundleError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
