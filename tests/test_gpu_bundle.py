@@ -26,7 +26,8 @@ def make_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> 
     """A minimal pure-Python wheel: the files, METADATA, WHEEL and RECORD."""
     dist = f"{name.replace('-', '_')}-{version}"
     info = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-            f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+            f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                       "Tag: py3-none-any\n"}
     path = folder / f"{dist}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
         for member, text in {**files, **info}.items():

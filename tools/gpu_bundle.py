@@ -16,15 +16,16 @@ MANIFEST.json with every piece's size and sha256:
   from Debian packages) and the 23 source photographs (about 26 MiB: one piece). Every stage
   but DALI's runs with it alone;
 - dali: DALI for CUDA `--cuda`, nvImageCodec and nvJPEG, and DALI's pure-Python dependencies
-  (about 225 MiB). nvCOMP, nvJPEG2000 and nvTIFF stay out: DALI says it cannot load them and
-  goes on (JPEG needs none of them).
+  (about 225 MiB). nvCOMP, nvJPEG2000 and nvTIFF stay out: DALI prints that it cannot load
+  them and goes on (JPEG needs none of them).
 `install` checks whatever pieces DIR holds against the manifest and installs each complete
 group into SITE/<group> (pip --no-index --no-deps --target; a wheel whose distribution the node
 already has is skipped, so the image's own builds are never shadowed), puts the photographs
 where make_sample_data and the tests look (data/sample/.debian), and writes SITE/env.sh. A
-group with a piece missing is reported and left out; a damaged piece stops its group with a
-one-line error naming it; a group installed before from the same pieces is kept, any other replaced whole. docs/benchmarks.md ("On a GPU
-lease") gives the calls, a piece each.
+group with a piece missing is reported and left out; a damaged piece stops the install with a
+one-line error naming it (what was installed stays); a group installed before from the same
+pieces is kept, any other replaced whole. docs/benchmarks.md ("On a GPU lease") gives the
+calls, a piece each.
 """
 from __future__ import annotations
 
