@@ -278,9 +278,9 @@ def install_group(name: str, pieces: list[Path], site: Path, root: Path, group_s
 def environment(site: Path, root: Path, groups) -> dict[str, str]:
     """The variables that make the installed groups usable, in env.sh and in the import check."""
     paths = [str(site / g) for g in groups if (site / g).is_dir()]
-    kit = site / "base" / "jpeg-kit" / "usr"
     variables = {"PYTHONPATH": ":".join([*paths, str(root)])}
-    if kit.is_dir():
+    kit = next((site / g / "jpeg-kit" / "usr" for g in groups if (site / g / "jpeg-kit" / "usr").is_dir()), None)
+    if kit:
         variables |= {"CPATH": f"{kit}/include:{kit}/include/x86_64-linux-gnu",
                       "LIBRARY_PATH": f"{kit}/lib/x86_64-linux-gnu", "LD_LIBRARY_PATH": f"{kit}/lib/x86_64-linux-gnu"}
     return variables
