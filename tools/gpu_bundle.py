@@ -53,8 +53,9 @@ FORMAT = 1
 NODE_HAS = {"torch", "numpy", "numba", "llvmlite", "pillow", "opencv-python", "opencv-python-headless"}
 # DALI's optional codec libraries (nvTIFF and nvJPEG2000 decoders, nvCOMP's GPU decompression).
 DALI_OPTIONAL = re.compile(r"nvidia-(libnvcomp|nvjpeg2k|nvtiff)")
-BASE_SPECS = ["webdataset>=1.0,<2", "braceexpand", "simplejpeg>=1.7,<2", "six", "tqdm>=4.60", "pyyaml>=6",
-              "pytest-timeout>=2.3", "pytest-xdist>=3.5", "execnet"]
+# Beside the set-up's own specs (tools/setup_specs.sh), what pip's resolver brings them there:
+# webdataset's braceexpand, DALI's six, pytest-xdist's execnet.
+RESOLVED_THERE = ["braceexpand", "six", "execnet"]
 JPEG_KIT_PACKAGES = ("libjpeg62-turbo", "libjpeg62-turbo-dev")
 # What each group must make importable on the node (kept in the manifest).
 GROUP_IMPORTS = {"base": ["ffcv", "webdataset", "simplejpeg"], "dali": ["nvidia.dali"]}
@@ -74,11 +75,12 @@ def distribution(wheel: Path) -> str:
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def requirement_name(spec: str) -> str:
+    return re.split(r"[\s\[<>=~!;]", spec, maxsplit=1)[0].lower()
 
 
 # --- pack (here, with internet) ---------------------------------------------------------------
@@ -88,6 +90,17 @@ def run(command: list, what: str, cwd=None) -> None:
         lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
         errors = [ln for ln in lines if ln.startswith(("ERROR", "E:", "[ffcv-wheel] error"))] or lines or ["no message"]
         raise BundleError(f"{what} failed: {errors[-1][:300]}")
+
+
+def setup_specs(name: str) -> list[str]:
+    """A variable or array of tools/setup_specs.sh, the one place that says what the set-up installs."""
+    script = f'source "$0" && printf "%s\\n" "${{{name}[@]}}"'
+    result = subprocess.run(["bash", "-c", script, str(ROOT / "tools" / "setup_specs.sh")], capture_output=True,
+                            text=True)
+    specs = result.stdout.split()
+    if result.returncode != 0 or not specs:
+        raise BundleError(f"tools/setup_specs.sh has no {name}")
+    return specs
 
 
 def pip_download(specs: list[str], dest: Path, python_version: str) -> None:
@@ -108,11 +121,12 @@ def requirements(wheel: Path) -> list[str]:
 
 
 def gather_dali(dest: Path, cuda: str, python_version: str) -> None:
-    pip_download([f"nvidia-dali-cuda{cuda}0>=2.0,<3"], dest, python_version)
+    dali_spec = re.sub(r"cuda\d+", f"cuda{cuda}0", setup_specs("DALI_SPEC")[0])   # the set-up's, for the node's CUDA
+    pip_download([dali_spec], dest, python_version)
     dali = next(dest.glob("nvidia_dali_*.whl"))
     wanted = [f"nvidia-nvjpeg>={cuda},<{int(cuda) + 1}"]
     for requirement in requirements(dali):
-        name = re.split(r"[\s\[<>=~!;]", requirement, maxsplit=1)[0].lower()
+        name = requirement_name(requirement)
         if name in NODE_HAS or DALI_OPTIONAL.match(name):
             continue
         wanted.append(re.sub(r"\[[^]]*\]", "", requirement))    # nvimgcodec without its [all] extra
@@ -120,7 +134,8 @@ def gather_dali(dest: Path, cuda: str, python_version: str) -> None:
 
 
 def gather_base(dest: Path, python: str, python_version: str) -> None:
-    pip_download(BASE_SPECS, dest, python_version)
+    carried = [spec for spec in setup_specs("REST_SPECS") if requirement_name(spec) not in NODE_HAS]
+    pip_download(carried + RESOLVED_THERE, dest, python_version)
     run(["bash", str(ROOT / "tools" / "ffcv_wheel.sh"), str(dest), python], "tools/ffcv_wheel.sh")
     for wheel in dest.glob("*.whl"):                  # ffcv_wheel.sh adds OpenCV, which the node has
         if distribution(wheel) in NODE_HAS:
