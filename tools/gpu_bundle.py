@@ -294,7 +294,7 @@ def environment(site: Path, root: Path, groups) -> dict[str, str]:
     """The variables that make the installed groups usable, in env.sh and in the import check."""
     paths = [str(site / g) for g in groups if (site / g).is_dir()]
     variables = {"PYTHONPATH": ":".join([*paths, str(root)])}
-    kit = next((site / g / "jpeg-kit" / "usr" for g in groups if (site / g / "jpeg-kit" / "usr").is_dir()), None)
+    kit = next((kit for kit in (site / g / "jpeg-kit" / "usr" for g in groups) if kit.is_dir()), None)
     if kit:
         variables |= {"CPATH": f"{kit}/include:{kit}/include/x86_64-linux-gnu",
                       "LIBRARY_PATH": f"{kit}/lib/x86_64-linux-gnu", "LD_LIBRARY_PATH": f"{kit}/lib/x86_64-linux-gnu"}

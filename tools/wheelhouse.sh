@@ -19,7 +19,7 @@ DIR="$1" TORCH="${2:-cpu}" PYTHON="${PYTHON:-python3}"
 [[ -e "$DIR" && ! -d "$DIR" ]] && die "$DIR exists and is not a folder"
 # DALI's wheel must match torch's CUDA major version; on a CPU build DALI runs its CPU graph.
 DALI="$DALI_SPEC"
-[[ "$TORCH" == cu13* ]] && DALI="${DALI_SPEC/cuda120/cuda130}"   # the same versions, built for CUDA 13
+[[ "$TORCH" == cu13* ]] && DALI="${DALI_SPEC/cuda1[0-9][0-9]/cuda130}"   # the same versions, built for CUDA 13
 mkdir -p "$DIR"
 download() { "$PYTHON" -m pip download --disable-pip-version-check -q -d "$DIR" "$@" \
                  2> >(grep -v "^WARNING: Location 'file://.*' is ignored" >&2); }
