@@ -5,6 +5,7 @@ share the CPU with another worker's test; and the hooks that end a test past its
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -131,6 +132,20 @@ def converted_sets(sample_sets, tmp_path_factory) -> dict:
     out = made_once(tmp_path_factory, "converted", make)
     return {name: {"folder": sample_sets / name, "ffcv": out / f"{name}_ffcv", "webdataset": out / f"{name}_wds"}
             for name in ("fashion", "photos")}
+
+
+@pytest.fixture(scope="session")
+def straight_run(converted_sets, tmp_path_factory):
+    """straight_run(common) -> the run directory of a never-stopped 2-rank torchrun on fashion's
+    folder set with the overrides `common`, made once per suite run: the tests that stop and resume
+    a run with the same overrides all compare with that one. Read it; write elsewhere."""
+    from runs import reference_run
+    data = converted_sets["fashion"]["folder"]
+
+    def made(common: list[str]) -> Path:
+        name = "straight-" + hashlib.sha1("\0".join(common).encode()).hexdigest()[:12]
+        return made_once(tmp_path_factory, name, lambda out: reference_run(data, out / "run", common)) / "run"
+    return made
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,7 +18,7 @@ import torch
 
 from conftest import run_tool
 from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, assert_ends_alike, children, rank_of, read_jsonl,
-                  reference_run, tiny_run, torchrun_2, wait_until)
+                  tiny_run, torchrun_2, wait_until)
 
 SYNTHETIC = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=8",
              "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
@@ -89,12 +89,11 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     (signal.SIGUSR1, ["--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"]),   # Slurm's warning
 ])
 def test_a_signal_to_torchrun_checkpoints_the_step_the_ranks_stop_at_and_resume_is_bitwise_equal(
-        stop_signal, flags, converted_sets, tmp_path):
+        stop_signal, flags, converted_sets, straight_run, tmp_path):
     data = converted_sets["fashion"]["folder"]
     common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=3ep", "data.scale=[0.35,1]",
               "log.interval=1"]
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    reference_run(data, straight, common)
+    straight, stopped = straight_run(common), tmp_path / "stopped"
 
     command = torchrun_2(data, stopped, common, *flags)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -132,11 +131,11 @@ def test_sigusr1_stops_a_single_process_run_with_exit_code_138_after_a_checkpoin
 
 
 # --- a worker killed under torchrun's restarts -------------------------------------------------
-def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never_stopped(converted_sets, tmp_path):
+def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never_stopped(converted_sets, straight_run,
+                                                                                         tmp_path):
     data = converted_sets["fashion"]["folder"]
     common = MID_EPOCH_CHECKPOINTS
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    reference_run(data, straight, common)
+    straight, killed = straight_run(common), tmp_path / "killed"
 
     command = torchrun_2(data, killed, common, "--max-restarts=1")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)

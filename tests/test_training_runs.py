@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, TORCHRUN, assert_ends_alike, free_port, kill_tree,
-                  main_py, read_jsonl, reference_run, tiny_run, torchrun_2, wait_until)
+                  main_py, read_jsonl, tiny_run, torchrun_2, wait_until)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -87,11 +87,10 @@ def test_multi_node_rendezvous_and_run_directory(converted_sets, tmp_path):
     assert len(events.Scalars("train_loss")) == sum("train_loss" in line for line in lines)
 
 
-def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(converted_sets, tmp_path):
+def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(converted_sets, straight_run, tmp_path):
     data = converted_sets["fashion"]["folder"]
     common = MID_EPOCH_CHECKPOINTS
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    reference_run(data, straight, common)
+    straight, killed = straight_run(common), tmp_path / "killed"
 
     command = torchrun_2(data, killed, common)
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
