@@ -135,12 +135,12 @@ def converted_sets(sample_sets, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
-def straight_run(converted_sets, tmp_path_factory):
-    """straight_run(common) -> the run directory of a never-stopped 2-rank torchrun on fashion's
-    folder set with the overrides `common`, made once per suite run: the tests that stop and resume
-    a run with the same overrides all compare with that one. Read it; write elsewhere."""
+def straight_run(sample_sets, tmp_path_factory):
+    """straight_run(common) -> the run directory of a never-stopped 2-rank torchrun on the fashion
+    sample (folder backend) with the overrides `common`, made once per suite run: the tests that
+    stop and resume a run with the same overrides all compare with it. Read it; write elsewhere."""
     from runs import reference_run
-    data = converted_sets["fashion"]["folder"]
+    data = sample_sets / "fashion"
 
     def made(common: list[str]) -> Path:
         name = "straight-" + hashlib.sha1("\0".join(common).encode()).hexdigest()[:12]

@@ -89,8 +89,8 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     (signal.SIGUSR1, ["--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"]),   # Slurm's warning
 ])
 def test_a_signal_to_torchrun_checkpoints_the_step_the_ranks_stop_at_and_resume_is_bitwise_equal(
-        stop_signal, flags, converted_sets, straight_run, tmp_path):
-    data = converted_sets["fashion"]["folder"]
+        stop_signal, flags, sample_sets, straight_run, tmp_path):
+    data = sample_sets / "fashion"
     common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=3ep", "data.scale=[0.35,1]",
               "log.interval=1"]
     straight, stopped = straight_run(common), tmp_path / "stopped"
@@ -131,9 +131,9 @@ def test_sigusr1_stops_a_single_process_run_with_exit_code_138_after_a_checkpoin
 
 
 # --- a worker killed under torchrun's restarts -------------------------------------------------
-def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never_stopped(converted_sets, straight_run,
+def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never_stopped(sample_sets, straight_run,
                                                                                          tmp_path):
-    data = converted_sets["fashion"]["folder"]
+    data = sample_sets / "fashion"
     common = MID_EPOCH_CHECKPOINTS
     straight, killed = straight_run(common), tmp_path / "killed"
 
@@ -258,9 +258,9 @@ def test_every_way_torch_reports_a_dead_worker_is_taken_for_one_and_a_workers_ow
     assert "(mid-handover of a batch)" in str(LoaderWorkerDied("webdataset", str(EOFError())))
 
 
-def test_a_loader_worker_killed_under_max_restarts_is_one_line_then_the_run_goes_on(converted_sets, tmp_path):
+def test_a_loader_worker_killed_under_max_restarts_is_one_line_then_the_run_goes_on(sample_sets, tmp_path):
     run_dir = tmp_path / "run"
-    command = torchrun_2(converted_sets["fashion"]["folder"], run_dir,
+    command = torchrun_2(sample_sets / "fashion", run_dir,
                          ["max_duration=6ep", "checkpoint.interval=5ba", "log.interval=1"], "--max-restarts=1")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     wait_until((run_dir / "checkpoints" / "ep0-ba5.pt").exists, process, "checkpoint ep0-ba5.pt")

@@ -44,11 +44,11 @@ def test_a_missing_base_or_a_cycle_exits_2_in_one_line(base, message, tmp_path):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_multi_node_rendezvous_and_run_directory(converted_sets, tmp_path):
+def test_multi_node_rendezvous_and_run_directory(sample_sets, tmp_path):
     """Two torchrun 'nodes' of one process each meet at a c10d rendezvous on this machine."""
     run_dir = tmp_path / "run"
     port = free_port()
-    overrides = tiny_run(converted_sets["fashion"]["folder"], "folder", run_dir, "max_duration=2ep",
+    overrides = tiny_run(sample_sets / "fashion", "folder", run_dir, "max_duration=2ep",
                          "checkpoint.interval=1ba", "checkpoint.keep=2", "log.progress=true", "log.tensorboard=true")
     nodes = [subprocess.Popen([*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
                                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test",
@@ -87,8 +87,8 @@ def test_multi_node_rendezvous_and_run_directory(converted_sets, tmp_path):
     assert len(events.Scalars("train_loss")) == sum("train_loss" in line for line in lines)
 
 
-def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(converted_sets, straight_run, tmp_path):
-    data = converted_sets["fashion"]["folder"]
+def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(sample_sets, straight_run, tmp_path):
+    data = sample_sets / "fashion"
     common = MID_EPOCH_CHECKPOINTS
     straight, killed = straight_run(common), tmp_path / "killed"
 
