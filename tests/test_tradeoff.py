@@ -132,6 +132,19 @@ def test_the_report_names_the_precision_each_recipe_trained_in():
     assert tc.precisions([point("c", "1ep", 5, 50)]) == ""
 
 
+def test_step_phases_pool_whole_runs_and_leave_out_a_resumed_runs_tail():
+    def timed(recipe, steps, seconds, forward, phase_steps=None, seed=0):
+        phases = {"seconds": seconds, "steps": phase_steps or steps, "forward": forward, "backward": 1 - forward}
+        return {**point(recipe, "8ep", 800, 94, seed), "steps": steps, "step_phases": phases}
+    points = [timed("a", 100, 10.0, 0.3), timed("a", 100, 20.0, 0.6, seed=1),
+              timed("a", 100, 9.0, 0.9, phase_steps=10, seed=2),         # resumed: only its last 10 steps
+              timed("a", 50, 1.0, 0.5), timed("b", 100, 3.0, 0.5, phase_steps=10)]
+    phases = tc.phase_shares(points)
+    duration, ms, shares = phases["a"]
+    assert ms == pytest.approx(1000 * 30 / 200) and shares["forward"] == pytest.approx((3 + 12) / 30)
+    assert phases["b"][1] == pytest.approx(300)       # no whole run: the partial one is all there is
+
+
 def test_the_frontier_keeps_only_unbeaten_points_and_names_its_ranges():
     points = [point("a", "1ep", 10, 70), point("a", "2ep", 20, 80), point("a", "4ep", 40, 84),
               point("b", "1ep", 15, 75), point("b", "2ep", 30, 79), point("b", "4ep", 60, 90),

@@ -233,7 +233,7 @@ def report_markdown(points: list[dict], baseline: str, ablation: dict | None = N
     phases = phase_shares(points)
     if phases:
         names = [name for name in PHASES if any(shares.get(name) for _, _, shares in phases.values())]
-        lines += ["", "**Where the step time goes** (rank 0, each recipe's longest runs, mean over seeds; "
+        lines += ["", "**Where the step time goes** (rank 0, each recipe's longest runs, pooled over seeds; "
                   "training/step_phases.py):", "",
                   "| recipe | duration | ms/step | " + " | ".join(names) + " |",
                   "|---|---|---:|" + "---:|" * len(names)]
@@ -277,8 +277,10 @@ def precisions(points: list[dict]) -> str:
 
 
 def phase_shares(points: list[dict]) -> dict[str, tuple[str, float, dict]]:
-    """{recipe: (duration, ms per step, {phase: mean share})} at each recipe's longest duration
-    (by steps) among the points that recorded phases: Amdahl's view of what a recipe shrank."""
+    """{recipe: (duration, ms per step, {phase: share})} at each recipe's longest duration (by steps)
+    among the points that recorded phases, pooled over its seeds: Amdahl's view of what a recipe
+    shrank. A resumed run's phases cover only the steps after the resume, the run's last and (with
+    progressive resizing) largest ones, so where a whole run is there the partial ones are left out."""
     timed: dict[str, list[dict]] = {}
     for point in points:
         if point.get("error") is None and point.get("step_phases", {}).get("steps"):
@@ -287,8 +289,11 @@ def phase_shares(points: list[dict]) -> dict[str, tuple[str, float, dict]]:
     for recipe, runs in sorted(timed.items()):
         longest = max(run["steps"] for run in runs)
         runs = [run for run in runs if run["steps"] == longest]
-        shares = {name: statistics.fmean(run["step_phases"].get(name, 0) for run in runs) for name in PHASES}
-        ms = statistics.fmean(1000 * run["step_phases"]["seconds"] / run["step_phases"]["steps"] for run in runs)
+        runs = [run for run in runs if run["step_phases"]["steps"] == run["steps"]] or runs
+        seconds = sum(run["step_phases"]["seconds"] for run in runs)
+        shares = {name: sum(run["step_phases"].get(name, 0) * run["step_phases"]["seconds"] for run in runs) / seconds
+                  for name in PHASES}
+        ms = 1000 * seconds / sum(run["step_phases"]["steps"] for run in runs)
         result[recipe] = (runs[0]["duration"], ms, shares)
     return result
 
