@@ -59,5 +59,16 @@ def test_a_loader_that_decodes_in_the_training_process_shows_as_data(sample_sets
     assert per_step["decoded"] > 0.005 and per_step["decoded"] > 10 * per_step["synthetic"], (decoded, synthetic)
 
 
+def test_a_resumed_run_s_phases_cover_the_whole_run(tmp_path):
+    """Checkpoints at each epoch; the last one deleted, the run resumes from epoch 1 and trains its
+    second: the summary's phases cover all 8 steps, not only the 4 after the resume."""
+    first = tiny_trainer(tmp_path, [], "checkpoint.interval=1ep")
+    whole = first.fit()["step_phases"]
+    (tmp_path / "checkpoints" / "ep2-ba8.pt").unlink()
+    resumed = tiny_trainer(tmp_path, [], "checkpoint.interval=1ep", "resume=auto").fit()["step_phases"]
+    assert whole["steps"] == resumed["steps"] == 8
+    assert resumed["seconds"] > 0.4 * whole["seconds"], (whole, resumed)   # the first epoch's time is in
+
+
 def test_off_records_nothing(tmp_path):
     assert tiny_trainer(tmp_path, [], "log.step_phases=off").fit()["step_phases"] == {}

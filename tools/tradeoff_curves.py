@@ -279,8 +279,9 @@ def precisions(points: list[dict]) -> str:
 def phase_shares(points: list[dict]) -> dict[str, tuple[str, float, dict]]:
     """{recipe: (duration, ms per step, {phase: share})} at each recipe's longest duration (by steps)
     among the points that recorded phases, pooled over its seeds: Amdahl's view of what a recipe
-    shrank. A resumed run's phases cover only the steps after the resume, the run's last and (with
-    progressive resizing) largest ones, so where a whole run is there the partial ones are left out."""
+    shrank. Points from before checkpoints carried the phases (fashion-hot-width/'s resumed seed)
+    cover only the steps after a resume, the largest under progressive resizing, so where a whole
+    run is there such a partial one is left out."""
     timed: dict[str, list[dict]] = {}
     for point in points:
         if point.get("error") is None and point.get("step_phases", {}).get("steps"):

@@ -29,19 +29,21 @@ _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
 FORMAT = 1
 
 
-def snapshot(state: State, engine: Engine, config: Config, rng_states: list, wall_seconds: float) -> dict:
-    """Everything a run needs to go on at exactly this step, on as many ranks (`rng_states`: one per rank)."""
+def snapshot(state: State, engine: Engine, config: Config, rng_states: list, earlier: dict) -> dict:
+    """Everything a run needs to go on at exactly this step, on as many ranks (`rng_states`: one per
+    rank); `earlier`: what the trainer adds up over sessions (`wall_seconds`, `step_phases`)."""
     return {"format": FORMAT, "world_size": len(rng_states), "config": to_plain(config),
-            "counters": state.counters() | {"wall_seconds": wall_seconds}, "model": state.model.state_dict(),
+            "counters": state.counters() | earlier, "model": state.model.state_dict(),
             "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
             "scaler": state.scaler.state_dict(), "algorithms": engine.state_dict(),
             "loader": state.train_loader.state_dict(), "rng": rng_states}
 
 
 def restore(checkpoint: dict, path: Path, state: State, engine: Engine, config: Config, rank: int,
-            world_size: int) -> tuple[float, list[str]]:
-    """Put this rank's run back at the checkpoint's step; the wall seconds of the sessions before, and
-    the config keys changed since. Mid-epoch, the loader's position needs the same number of ranks."""
+            world_size: int) -> tuple[dict, list[str]]:
+    """Put this rank's run back at the checkpoint's step; what the sessions before added up (snapshot's
+    `earlier`; `step_phases` absent in checkpoints from before it), and the config keys changed since.
+    Mid-epoch, the loader's position needs the same number of ranks."""
     counters, saved_world = checkpoint["counters"], checkpoint["world_size"]
     if saved_world != world_size and counters["batch_in_epoch"]:
         raise ConfigError(f"checkpoint {path} was taken mid-epoch with {saved_world} processes; "
@@ -51,13 +53,13 @@ def restore(checkpoint: dict, path: Path, state: State, engine: Engine, config: 
     state.scheduler.load_state_dict(checkpoint["scheduler"])
     state.scaler.load_state_dict(checkpoint["scaler"])
     engine.load_state_dict(checkpoint["algorithms"])
-    wall_before = counters.pop("wall_seconds")
+    earlier = {key: counters.pop(key) for key in ("wall_seconds", "step_phases") if key in counters}
     counters.setdefault("evaluated_step", counters["step"])   # checkpoints from before the field
     state.load_counters(counters)
     if state.batch_in_epoch:
         state.train_loader.load_state_dict(checkpoint["loader"])
     set_rng_state(checkpoint["rng"][rank % saved_world])
-    return wall_before, changed_keys(checkpoint["config"], to_plain(config))
+    return earlier, changed_keys(checkpoint["config"], to_plain(config))
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:

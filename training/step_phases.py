@@ -23,7 +23,7 @@ class StepPhases:
         self.enabled = enabled
         self._sync = sync                       # e.g. torch.cuda.synchronize, or None
         self.seconds = dict.fromkeys(PHASES, 0.0)
-        self.steps = 0                          # optimizer laps: this session's steps
+        self.steps = 0                          # optimizer laps, over all sessions of a resumed run
         self._last = 0.0
 
     def start(self) -> None:
@@ -42,9 +42,17 @@ class StepPhases:
             self._last = now
             self.steps += phase == "optimizer"
 
+    def state_dict(self) -> dict:
+        """What a checkpoint carries, so that a resumed run's phases cover the whole run, as its
+        training time does: without it they held only the last session's steps, the largest ones
+        under progressive resizing."""
+        return {"seconds": dict(self.seconds), "steps": self.steps}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.seconds, self.steps = dict(saved["seconds"]), saved["steps"]
+
     def shares(self) -> dict:
-        """{phase: share of the step time}, with the `seconds` and `steps` they cover (this session's,
-        in a resumed run); {} when off."""
+        """{phase: share of the step time}, with the `seconds` and `steps` they cover; {} when off."""
         total = sum(self.seconds.values())
         if not self.enabled or total <= 0:
             return {}

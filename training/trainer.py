@@ -313,7 +313,9 @@ class Trainer:
         dist.doing(f"the checkpoint of step {state.step}")
         rng_states = dist.gather_to_main(rng_state(), self.world)
         if self.world.is_main:
-            checkpoint = checkpoints.snapshot(state, self.engine, self.config, rng_states, self._wall_seconds())
+            checkpoint = checkpoints.snapshot(state, self.engine, self.config, rng_states,
+                                              {"wall_seconds": self._wall_seconds(),
+                                               "step_phases": self.phases.state_dict()})
             try:
                 path = self.store.save(checkpoint, state.epoch, state.step)
             except OSError as error:
@@ -365,8 +367,11 @@ class Trainer:
             return
         path, checkpoint = found
         state = self.state
-        self._wall_before, changed = checkpoints.restore(checkpoint, path, state, self.engine, self.config,
-                                                         self.world.rank, self.world.size)
+        earlier, changed = checkpoints.restore(checkpoint, path, state, self.engine, self.config,
+                                               self.world.rank, self.world.size)
+        self._wall_before = earlier["wall_seconds"]
+        if "step_phases" in earlier:
+            self.phases.load_state_dict(earlier["step_phases"])
         self.log.print(f"resumed from {path}: epoch {state.epoch + 1}, step {state.step}"
                        + (f" (config keys changed since: {', '.join(changed)})" if changed else ""))
 
