@@ -414,6 +414,9 @@ static void make_sample(worker *self, batch_job *job, int i) {
     seconds[2] = now() - decode_done;
 }
 
+/* At load (pipeline/native.py): the libjpeg loaded is the one compiled against. */
+int engine_check(char *message, int message_size) { return jpeg_library_matches(message, message_size); }
+
 static void *work(void *argument) {
     batch_job *job = argument;
     worker self;

@@ -56,7 +56,8 @@ class _BatchJob(ctypes.Structure):
 def load(flags: tuple[str, ...] = ("-march=native",), library: Path | None = None) -> ctypes.CDLL:
     """The engine compiled for this machine's CPU (its SIMD paths), or with other `flags` into
     another `library` file (the tests build the plain-C one)."""
-    library = load_library(SOURCE, libraries=("jpeg", "pthread", "m"), flags=flags, library=library)
+    library = load_library(SOURCE, libraries=("jpeg", "pthread", "m"), flags=flags, library=library,
+                           check="engine_check")
     library.engine_decode_batch.argtypes = [ctypes.POINTER(_BatchJob)]
     int_p = ctypes.POINTER(ctypes.c_int)
     library.engine_crop_box.argtypes = [ctypes.POINTER(_BatchJob), ctypes.c_int, ctypes.c_int, ctypes.c_int, int_p, int_p]

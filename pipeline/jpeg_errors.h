@@ -13,6 +13,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <jpeglib.h>
 
 typedef struct {
@@ -52,6 +53,35 @@ static void jpeg_errors_start(struct jpeg_decompress_struct *info, error_manager
     errors->message = message;
     errors->message_size = message_size;
     message[0] = 0;
+}
+
+/* What the version check of jpeg_library_matches claims to be compiled against: the headers'
+ * own, unless a test builds with another to see the check refuse. */
+#ifndef CHECKED_JPEG_LIB_VERSION
+#define CHECKED_JPEG_LIB_VERSION JPEG_LIB_VERSION
+#endif
+
+/* 0 if the libjpeg loaded is the one the headers describe; else -1 and libjpeg's message
+ * ("Wrong JPEG library version: library is 80, caller expects 62"). libjpeg refuses a caller
+ * of another version from jpeg_create_*, before the caller's structs exist: checked once at
+ * load, that refusal is one clear line instead of a crash in whichever call comes first. */
+static int jpeg_library_matches(char *message, int message_size) {
+    struct jpeg_decompress_struct source;
+    struct jpeg_compress_struct target;
+    error_manager errors;
+    memset(&target, 0, sizeof target);      /* no memory manager yet: destroying it is a no-op */
+    jpeg_errors_start(&source, &errors, message, message_size);
+    target.err = source.err;
+    if (setjmp(errors.escape)) {
+        jpeg_destroy_compress(&target);
+        jpeg_destroy_decompress(&source);
+        return -1;
+    }
+    jpeg_CreateDecompress(&source, CHECKED_JPEG_LIB_VERSION, sizeof source);
+    jpeg_CreateCompress(&target, CHECKED_JPEG_LIB_VERSION, sizeof target);
+    jpeg_destroy_compress(&target);
+    jpeg_destroy_decompress(&source);
+    return 0;
 }
 
 #endif

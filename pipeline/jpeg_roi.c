@@ -90,14 +90,19 @@ int jpeg_roi_transcode(const unsigned char *data, unsigned long size, int restar
     struct jpeg_decompress_struct source;
     struct jpeg_compress_struct target;
     error_manager errors;
+    volatile int written = 0;               /* *out is libjpeg's final buffer, ours to free */
+    memset(&target, 0, sizeof target);      /* destroyable before it is created */
     *out = NULL;
     *out_size = 0;
     jpeg_errors_start(&source, &errors, message, message_size);
     target.err = source.err;
     if (setjmp(errors.escape)) {
+        /* Before jpeg_finish_compress, *out may be stale: once the output buffer has grown,
+         * libjpeg has freed the first one and holds the new one privately. Reading the source
+         * fails before any output exists; a failure while writing (out of memory) leaks it. */
         jpeg_destroy_compress(&target);
         jpeg_destroy_decompress(&source);
-        free(*out);
+        if (written) free(*out);
         *out = NULL;
         return -1;
     }
@@ -112,6 +117,7 @@ int jpeg_roi_transcode(const unsigned char *data, unsigned long size, int restar
     jpeg_mem_dest(&target, out, out_size);
     jpeg_write_coefficients(&target, coefficients);
     jpeg_finish_compress(&target);
+    written = 1;
     jpeg_finish_decompress(&source);
     jpeg_destroy_compress(&target);
     jpeg_destroy_decompress(&source);
@@ -119,3 +125,5 @@ int jpeg_roi_transcode(const unsigned char *data, unsigned long size, int restar
 }
 
 void jpeg_roi_free(void *pointer) { free(pointer); }
+
+int jpeg_roi_check(char *message, int message_size) { return jpeg_library_matches(message, message_size); }

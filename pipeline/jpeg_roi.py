@@ -26,8 +26,9 @@ class JPEGError(ValueError):
     """libjpeg refused the data (corrupt, truncated, not a JPEG, or CMYK)."""
 
 
-def _load() -> ctypes.CDLL:
-    library = load_library(SOURCE)
+def _load(library: Path | None = None) -> ctypes.CDLL:
+    """The decoder compiled (by default into pipeline/_jpeg_roi.so), checked and typed."""
+    library = load_library(SOURCE, library=library, check="jpeg_roi_check")
     int_p, char_p = ctypes.POINTER(ctypes.c_int), ctypes.c_char_p
     library.jpeg_roi_size.argtypes = [char_p, ctypes.c_ulong, int_p, int_p, char_p, ctypes.c_int]
     library.jpeg_roi_decode.argtypes = [char_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int, ctypes.c_int,

@@ -3,7 +3,10 @@
 The library goes next to its source, built by the system `cc` the first time it is needed
 or when the source or a header beside it is newer, under a temporary name then renamed: processes that import it
 at the same moment never load a half-written file. The C files need the libjpeg-turbo
-headers that tools/bootstrap.sh installs (libjpeg62-turbo-dev).
+headers that tools/bootstrap.sh installs (libjpeg62-turbo-dev), or a kit of headers and
+library named by CPATH and LIBRARY_PATH (the GPU bundle's env.sh): then that kit's library is
+the one linked and loaded, and a library whose libjpeg at run time is not the version its
+headers describe is refused at load, in one line, rather than left to crash at its first call.
 """
 from __future__ import annotations
 
@@ -13,22 +16,58 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+MESSAGE_SIZE = 200
+
 
 def load_library(source: Path, libraries: tuple[str, ...] = ("jpeg",), flags: tuple[str, ...] = (),
-                 library: Path | None = None) -> ctypes.CDLL:
-    """`source` (pipeline/NAME.c) compiled into `library` (default pipeline/_NAME.so) if needed, loaded."""
+                 library: Path | None = None, check: str | None = None) -> ctypes.CDLL:
+    """`source` (pipeline/NAME.c) compiled into `library` (default pipeline/_NAME.so) if needed,
+    loaded; `check` names its `int check(char *message, int size)`, called once loaded: not 0
+    means the library cannot work here, and it is deleted (so that the next import rebuilds it)
+    and refused with the check's message."""
     library = library or source.with_name(f"_{source.stem}.so")
     newest_input = max(path.stat().st_mtime for path in [source, *source.parent.glob("*.h")])
     if not library.exists() or library.stat().st_mtime < newest_input:
         _build(source, library, [f"-l{name}" for name in libraries], list(flags))
-    return ctypes.CDLL(str(library))
+    loaded = ctypes.CDLL(str(library))
+    if check:
+        message = ctypes.create_string_buffer(MESSAGE_SIZE)
+        getattr(loaded, check).argtypes = [ctypes.c_char_p, ctypes.c_int]
+        if getattr(loaded, check)(message, MESSAGE_SIZE) != 0:
+            library.unlink(missing_ok=True)
+            found = ", ".join(loaded_files("libjpeg")) or "none found"
+            raise RuntimeError(f"{library.name}: {message.value.decode(errors='replace')} (libjpeg loaded: {found}); "
+                               "compile and run with one libjpeg-turbo: tools/bootstrap.sh, or on a GPU node "
+                               "source the bundle's env.sh before the first import")
+    return loaded
+
+
+def loaded_files(fragment: str) -> list[str]:
+    """The files mapped into this process whose name holds `fragment` (Linux; else none)."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    paths = {line.split(maxsplit=5)[5] for line in maps if len(line.split(maxsplit=5)) == 6}
+    return sorted(path for path in paths if fragment in Path(path).name)
+
+
+def library_dirs() -> list[str]:
+    """LIBRARY_PATH's folders as `-L` flags ahead of the system's, with a run path to each.
+    GCC searches LIBRARY_PATH itself only after /usr/lib/x86_64-linux-gnu (it tries each
+    entry's `../lib` first, which misses Debian's multiarch layout), so a kit's libjpeg named
+    there lost to a system libjpeg of another version: headers of libjpeg 62, library of 80,
+    and the first call crashed (on an H200 node, 2026-11-26)."""
+    folders = [folder for folder in os.environ.get("LIBRARY_PATH", "").split(os.pathsep) if folder]
+    return [flag for folder in folders for flag in (f"-L{folder}", f"-Wl,-rpath,{folder}")]
 
 
 def _build(source: Path, library: Path, link: list[str], flags: list[str]) -> None:
     with tempfile.NamedTemporaryFile(dir=library.parent, prefix=f".{source.stem}-", suffix=".so", delete=False) as tmp:
         partial = Path(tmp.name)
     try:
-        result = subprocess.run(["cc", "-O3", *flags, "-shared", "-fPIC", "-o", str(partial), str(source), *link],
+        result = subprocess.run(["cc", "-O3", *flags, "-shared", "-fPIC", "-o", str(partial), str(source),
+                                 *library_dirs(), "-Wl,--no-undefined", *link],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"cannot compile {source.name} (needs cc and the libjpeg-turbo headers, "

@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from conftest import TOOLS, read_manifest, run_tool
+from convert_common import ConversionFault, parallel_map
 
 CONVERTERS = ["convert_ffcv.py", "convert_wds.py"]
 CLASSES = ["apple", "crème_brûlée", "empty"]  # sorted; 'empty' has no train images
@@ -342,3 +343,18 @@ def test_sample_sets_read_back_with_ffcv_webdataset_and_dali(sample_sets, conver
                 import webdataset as wds
                 raw = wds.WebDataset([str(p) for p in sorted((wds_out / split).glob("*.tar"))], shardshuffle=False)
                 assert {np.asarray(Image.open(io.BytesIO(s["jpg"]))).tobytes() for s in raw} == source_pixels
+
+
+def crash_on_37(item: int) -> int:
+    if item == 37:
+        os.kill(os.getpid(), signal.SIGSEGV)    # what a fault in native code does to a worker
+    return 2 * item
+
+
+def test_a_worker_that_dies_is_a_one_line_fault_not_a_hang():
+    # multiprocessing.Pool would start a new worker and wait for the lost items forever.
+    assert list(parallel_map(crash_on_37, list(range(36)), 2, "fine", chunksize=4)) == [2 * i for i in range(36)]
+    started = time.monotonic()
+    with pytest.raises(ConversionFault, match=r"^train: encoding: a worker process died .*--num-workers 1"):
+        list(parallel_map(crash_on_37, list(range(100)), 2, "train: encoding", chunksize=4))
+    assert time.monotonic() - started < 30
