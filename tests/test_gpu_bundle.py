@@ -139,7 +139,8 @@ def test_a_gpu_session_installs_what_came_and_packs_the_results_for_the_trip_bac
     bundle is installed, and the results folder, seeded from the repository's, comes back packed.
     (No photograph in this bundle: the session puts them into this repository's data/.)"""
     keep = tmp_path / "keep"
-    env = {**os.environ, "BUNDLE": str(make_bundle(tmp_path, photo=False)), "KEEP": str(keep), "PYTHON": sys.executable}
+    env = {**os.environ, "BUNDLE": str(make_bundle(tmp_path, photo=False)), "KEEP": str(keep), "PYTHON": sys.executable,
+           "DEADLINE": "120"}       # passed on as gpu_check's --deadline-at
     result = subprocess.run(["bash", str(ROOT / "tools" / "gpu_session.sh"), "report"], capture_output=True,
                             text=True, env=env, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]

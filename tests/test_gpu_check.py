@@ -40,6 +40,18 @@ def test_a_stage_past_its_limit_is_killed_and_each_outcome_named(tmp_path):
     assert gpu_check.run_stage("fine", [([sys.executable, "-c", "print(1)"], 60)], tmp_path)["status"] == "ok"
 
 
+
+def test_no_command_runs_past_the_deadline_and_the_next_is_not_started(tmp_path):
+    # A lease's call ends at its own limit, and whatever was not packed by then is lost.
+    started = time.monotonic()
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    cut = gpu_check.run_stage("hang", [(sleep, 300), (sleep, 300)], tmp_path, deadline=time.time() + 13)
+    assert cut["status"] == "timeout (-c after 13 s (the deadline))", cut
+    assert 12 < time.monotonic() - started < 30
+    assert (tmp_path / "hang.log").read_text().count("$ ") == 1
+    late = gpu_check.run_stage("late", [(sleep, 300)], tmp_path, deadline=time.time() + 5)
+    assert late["status"] == "not run (the deadline was 5 s away)" and late["seconds"] < 2
+
 def test_report_summarises_the_tests_and_only_this_checks_figures(tmp_path):
     work, results = tmp_path / "work", tmp_path / "results"
     work.mkdir()

@@ -2,7 +2,7 @@
 
     make gpu-check        (= python tools/gpu_check.py)
     python tools/gpu_check.py [--stages tests,data,loaders,models,diagnose,e2e,e2e-variants,e2e-compare,train,report]
-                              [--results-dir benchmarks/results] [--work runs/gpu-check]
+                              [--results-dir benchmarks/results] [--work runs/gpu-check] [--deadline-at UNIX_SECONDS]
 
 Stages, each a subprocess with its own time limit (a hang fails one stage, the rest go on):
 - tests: `pytest -m cuda` (tests/test_cuda.py): DALI `mixed` against DALI's CPU graph and
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -63,6 +64,7 @@ PYTEST_SUMMARY = re.compile(r"^(\d+ (passed|failed|skipped|errors?)(, )?)+.* in 
 STAGE_NAMES = ("tests", "data", "loaders", "models", "diagnose", "e2e", "e2e-variants", "e2e-compare", "train",
                "report")
 E2E_TARGET = 0.95     # end to end at 176 px, as a share of model-bound (issue 17)
+MIN_COMMAND_SECONDS = 10    # before a --deadline-at, a command with less left is not started
 # resnet50_mild's 36 epochs (0.4 x 90) train at 176 px from epoch 29 to the last, 35, at 132 px
 # at epoch 21 (the ramp's middle) and at 88 px from epoch 0 (pipeline/schedules.ComposerRamp);
 # the JSONs record the side each measured, and the projection reads that, not these numbers;
@@ -123,12 +125,21 @@ def stages(work: Path, results: Path) -> dict:
     }
 
 
-def run_stage(name: str, commands: list, work: Path) -> dict:
-    """Runs a stage's commands in order, its output to the terminal and to WORK/<name>.log."""
+def run_stage(name: str, commands: list, work: Path, deadline: float = math.inf) -> dict:
+    """Runs a stage's commands in order, its output to the terminal and to WORK/<name>.log; none
+    runs past `deadline` (a time.time()), and one that would have under MIN_COMMAND_SECONDS left
+    is not started."""
     started, status = time.time(), "ok"
     with open(work / f"{name}.log", "w", encoding="utf-8") as log:
-        for command, allowed in commands:
-            print(f"$ {' '.join(command)}   (limit {allowed} s)", flush=True)
+        for command, limit in commands:
+            left = deadline - time.time()
+            if left < MIN_COMMAND_SECONDS:
+                status = f"not run (the deadline was {max(left, 0):.0f} s away)" if status == "ok" else status
+                log.write(f"# {status}\n")
+                break
+            allowed = round(min(limit, left))
+            cut = " (the deadline)" if allowed < limit else ""
+            print(f"$ {' '.join(command)}   (limit {allowed} s{cut})", flush=True)
             log.write(f"$ {' '.join(command)}\n")
             process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -148,7 +159,7 @@ def run_stage(name: str, commands: list, work: Path) -> dict:
             watchdog.cancel()
             if code != 0:
                 what = command[2] if command[1] == "-m" else Path(command[1]).name
-                status = f"timeout ({what} after {allowed} s)" if killed.is_set() else f"failed ({what} exit {code})"
+                status = f"timeout ({what} after {allowed} s{cut})" if killed.is_set() else f"failed ({what} exit {code})"
                 log.write(f"# {status}\n")
     return {"stage": name, "status": status, "seconds": round(time.time() - started, 1)}
 
@@ -285,6 +296,9 @@ def main() -> int:
     parser.add_argument("--stages", default=",".join(STAGE_NAMES), help="comma-separated, from " + ", ".join(STAGE_NAMES))
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "gpu-check", help="logs and run directories")
+    parser.add_argument("--deadline-at", type=float, default=math.inf, metavar="UNIX_SECONDS",
+                        help="no command runs past this time (a GPU lease's call ends then): each is cut to "
+                             "what is left, and the report is still written")
     args = parser.parse_args()
     wanted = args.stages.split(",")
     if unknown := [s for s in wanted if s not in STAGE_NAMES]:
@@ -301,7 +315,7 @@ def main() -> int:
     for name in wanted:
         if name == "report":
             continue
-        outcome = run_stage(name, plan[name], args.work)
+        outcome = run_stage(name, plan[name], args.work, args.deadline_at)
         record["stages"] = [s for s in record["stages"] if s["stage"] != name] + [outcome]
         write_bytes_atomic(record_path, json.dumps(record, indent=1).encode())
         print(f"# gpu-check stage {name}: {outcome['status']} in {outcome['seconds']:.0f} s", flush=True)

@@ -8,10 +8,13 @@
 #   4. packs the results and the records' small files into OUT/gpu-results.tgz for the trip back.
 # Usage: bash tools/gpu_session.sh [STAGES]      (gpu_check.py --stages; none: steps 1, 2 and 4)
 # Env: BUNDLE (the pieces carried in; default gpu-bundle), KEEP (what stays between sessions;
-#      default /tmp/fastpipe), OUT (default KEEP), PYTHON (default python3).
+#      default /tmp/fastpipe), OUT (default KEEP), PYTHON (default python3), DEADLINE (seconds
+#      from now by which every stage has ended, cut short if need be, so that the results are
+#      packed before the call's own limit kills this script: that limit less ~15 s).
 # Back here: tar xzf gpu-results.tgz, then copy results/<machine>.jsonl and results/report/ into
 # benchmarks/results (docs/benchmarks.md, "On a GPU lease").
 set -euo pipefail
+STARTED=$(date +%s)
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUNDLE="${BUNDLE:-$ROOT/gpu-bundle}" KEEP="${KEEP:-/tmp/fastpipe}" PYTHON="${PYTHON:-python3}"
@@ -36,7 +39,10 @@ cp -rn benchmarks/results/. "$KEEP/results/"
 
 status=0
 if (($# > 0)); then
-    "$PYTHON" tools/gpu_check.py --stages "$1" --results-dir "$KEEP/results" --work "$KEEP/work" || status=$?
+    deadline=()
+    [[ -n "${DEADLINE:-}" ]] && deadline=(--deadline-at "$((STARTED + DEADLINE))")
+    "$PYTHON" tools/gpu_check.py --stages "$1" --results-dir "$KEEP/results" --work "$KEEP/work" "${deadline[@]}" \
+        || status=$?
 fi
 # Records, logs and JSONs: not the run directories' checkpoints.
 mapfile -t records < <(cd "$KEEP" && find work -type f -size -2M \( -name '*.json' -o -name '*.jsonl' \
