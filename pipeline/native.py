@@ -56,8 +56,8 @@ def library_dirs() -> list[str]:
     """LIBRARY_PATH's folders as `-L` flags ahead of the system's, with a run path to each.
     GCC searches LIBRARY_PATH itself only after /usr/lib/x86_64-linux-gnu (it tries each
     entry's `../lib` first, which misses Debian's multiarch layout), so a kit's libjpeg named
-    there lost to a system libjpeg of another version: headers of libjpeg 62, library of 80,
-    and the first call crashed (on an H200 node, 2026-11-26)."""
+    there lost to a system libjpeg of another version, and the first call crashed (an H200
+    node, 2026-11-26; reproduced here in mirror image: kit headers of 80, system library 62)."""
     folders = [folder for folder in os.environ.get("LIBRARY_PATH", "").split(os.pathsep) if folder]
     return [flag for folder in folders for flag in (f"-L{folder}", f"-Wl,-rpath,{folder}")]
 
