@@ -31,9 +31,9 @@ def load_library(source: Path, libraries: tuple[str, ...] = ("jpeg",), flags: tu
         _build(source, library, [f"-l{name}" for name in libraries], list(flags))
     loaded = ctypes.CDLL(str(library))
     if check:
-        message = ctypes.create_string_buffer(MESSAGE_SIZE)
-        getattr(loaded, check).argtypes = [ctypes.c_char_p, ctypes.c_int]
-        if getattr(loaded, check)(message, MESSAGE_SIZE) != 0:
+        message, matches = ctypes.create_string_buffer(MESSAGE_SIZE), getattr(loaded, check)
+        matches.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        if matches(message, MESSAGE_SIZE) != 0:
             library.unlink(missing_ok=True)
             found = ", ".join(loaded_files("libjpeg")) or "none found"
             raise RuntimeError(f"{library.name}: {message.value.decode(errors='replace')} (libjpeg loaded: {found}); "
@@ -48,8 +48,8 @@ def loaded_files(fragment: str) -> list[str]:
         maps = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
         return []
-    paths = {line.split(maxsplit=5)[5] for line in maps if len(line.split(maxsplit=5)) == 6}
-    return sorted(path for path in paths if fragment in Path(path).name)
+    fields = (line.split(maxsplit=5) for line in maps)
+    return sorted({f[5] for f in fields if len(f) == 6 and fragment in Path(f[5]).name})
 
 
 def library_dirs() -> list[str]:

@@ -66,6 +66,7 @@ def test_the_kits_libjpeg_is_the_one_loaded_without_ld_library_path(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.splitlines()[-1]) == [str(folder / "libjpeg.so.62")]
 
+
 def test_a_library_compiled_for_another_libjpeg_is_refused_at_load_and_deleted(tmp_path):
     library = tmp_path / "_jpeg_roi.so"
     with pytest.raises(RuntimeError, match=r"_jpeg_roi\.so: Wrong JPEG library version: library is \d+, "
@@ -73,4 +74,3 @@ def test_a_library_compiled_for_another_libjpeg_is_refused_at_load_and_deleted(t
         load_library(jpeg_roi.SOURCE, flags=("-DCHECKED_JPEG_LIB_VERSION=1",), library=library,
                      check="jpeg_roi_check")
     assert not library.exists()     # the next import builds it again
-
