@@ -35,9 +35,10 @@ SETUP := setup
 gpu-check: $(SETUP)
 	@$(PY) tools/gpu_check.py
 
-# What the GPU check needs on a GPU node without internet whose image has torch, in pieces of at
-# most 58 MiB (tools/gpu_bundle.py; docs/benchmarks.md, "On a GPU lease"). GPU_PYTHON: an
-# interpreter of the node's Python version; CUDA: the major version of the node's torch build.
+# What the GPU check needs on a GPU node without internet whose image has torch, xz-compressed
+# pieces laid out in calls of at most 58 MiB (tools/gpu_bundle.py; docs/benchmarks.md, "On a GPU
+# lease"). GPU_PYTHON: an interpreter of the node's Python version; CUDA: the major version of
+# the node's torch build.
 GPU_PYTHON ?= python3.12
 CUDA ?= 13
 gpu-bundle: setup

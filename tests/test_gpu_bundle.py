@@ -6,7 +6,9 @@ site folder, and import them from a fresh interpreter through the env.sh it writ
 """
 from __future__ import annotations
 
+import lzma
 import os
+import secrets
 import subprocess
 import sys
 import tarfile
@@ -19,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import gpu_bundle  # noqa: E402
 
-PIECE_BYTES = 4096          # several pieces per group, as DALI's 190 MiB wheel makes at 58 MiB
+PIECE_BYTES = 4096          # several pieces per group, as DALI's 144 MiB makes at 58 MiB
 
 
 def make_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
@@ -29,7 +31,7 @@ def make_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> 
             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
                                        "Tag: py3-none-any\n"}
     path = folder / f"{dist}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:     # deflated, as pip's wheels are
         for member, text in {**files, **info}.items():
             archive.writestr(member, text)
         archive.writestr(f"{dist}.dist-info/RECORD", "".join(f"{m},,\n" for m in [*files, *info]) +
@@ -43,7 +45,8 @@ def make_bundle(tmp_path: Path, photo: bool = True) -> Path:
     base, dali = tmp_path / "src" / "base", tmp_path / "src" / "dali"
     for folder in (base, dali):
         folder.mkdir(parents=True)
-    make_wheel(base, "probe-base", "1.0", {"probe_base/__init__.py": "VALUE = 'base'\n" + "#" * 6000 + "\n"})
+    # random hex: xz halves it, no more, so each group still needs several pieces
+    make_wheel(base, "probe-base", "1.0", {"probe_base/__init__.py": f"VALUE = 'base'\n# {secrets.token_hex(5000)}\n"})
     make_wheel(base, "pytest", "0.0.1", {"pytest_shadow_probe/__init__.py": ""})
     (base / "jpeg-kit" / "usr" / "include").mkdir(parents=True)
     (base / "jpeg-kit" / "usr" / "include" / "jpeglib.h").write_text("/* kit */\n")
@@ -52,7 +55,7 @@ def make_bundle(tmp_path: Path, photo: bool = True) -> Path:
         path.parent.mkdir(parents=True)
         path.write_bytes(b"\xff\xd8 not decoded here \xff\xd9")
     make_wheel(dali, "probe-dali", "2.0", {"nvidia/__init__.py": "raise ImportError('hides the node')\n",
-                                           "nvidia/probe_dali/__init__.py": "VALUE = 'dali'\n" + "#" * 9000 + "\n"})
+                                           "nvidia/probe_dali/__init__.py": f"VALUE = 'dali'\n# {secrets.token_hex(7000)}\n"})
     out = tmp_path / "bundle"
     gpu_bundle.write_bundle(out, {"base": (base, ["probe_base"]), "dali": (dali, ["nvidia.probe_dali"])},
                             PIECE_BYTES, python="3.x", cuda="13")
@@ -82,6 +85,15 @@ def imported(site: Path, code: str) -> str:
 def test_the_pieces_install_into_a_site_that_env_sh_makes_importable(bundle, tmp_path):
     manifest = gpu_bundle.read_manifest(bundle)
     assert [len(g["pieces"]) > 1 for g in manifest["groups"].values()] == [True, True], manifest
+    # the calls carry every piece once, in order, base first, none over its limit; dali's first
+    # piece fills what base's last call had left
+    pieces = [p for g in manifest["groups"].values() for p in g["pieces"]]
+    assert [name for call in manifest["calls"] for name in call] == [p["name"] for p in pieces]
+    size = {p["name"]: p["size"] for p in pieces}
+    assert all(sum(size[n] for n in call) <= PIECE_BYTES for call in manifest["calls"])
+    assert manifest["calls"][len(manifest["groups"]["base"]["pieces"]) - 1][-1] == "dali.tar.xz.00"
+    assert sum(size[n] for n in manifest["calls"][0]) == PIECE_BYTES
+    assert (bundle / "base.tar.xz.00").read_bytes()[:6] == b"\xfd7zXZ\x00"
     site, root = tmp_path / "site", tmp_path / "repo"
     result = install(bundle, site, root)
     assert result.returncode == 0, result.stderr
@@ -126,8 +138,34 @@ def test_a_missing_piece_leaves_its_group_out_and_a_damaged_one_is_named(bundle,
     assert imported(site, "import probe_base; print(probe_base.VALUE)") == "base"    # what was there stays
 
 
+def test_wheels_are_stored_whole_and_either_xz_gives_what_tarfile_reads(tmp_path):
+    wheel = make_wheel(tmp_path, "probe-stored", "1.0", {"probe_stored/__init__.py": "VALUE = 1\n" * 500})
+    with zipfile.ZipFile(wheel) as before:
+        files = {info.filename: before.read(info) for info in before.infolist()}
+        assert {info.compress_type for info in before.infolist()} == {zipfile.ZIP_DEFLATED}
+    gpu_bundle.store_wheel(wheel)
+    with zipfile.ZipFile(wheel) as after:
+        assert {info.compress_type for info in after.infolist()} == {zipfile.ZIP_STORED}
+        assert {info.filename: after.read(info) for info in after.infolist()} == files
+    tar_path = tmp_path / "group.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(wheel, arcname=wheel.name)
+    for program in ("xz", None):                     # the xz program, then Python's lzma
+        target = tmp_path / f"group-{program}.tar.xz"
+        gpu_bundle.compress_xz(tar_path, target, program=program)
+        assert lzma.decompress(target.read_bytes()) == tar_path.read_bytes()
+        with tarfile.open(target) as tar:
+            assert tar.getnames() == [wheel.name]
+
+
+def test_a_manifest_of_the_old_format_asks_to_pack_again(tmp_path):
+    (tmp_path / "MANIFEST.json").write_text('{"format": 1, "groups": {}}')
+    result = install(tmp_path, tmp_path / "site", tmp_path)
+    assert result.returncode == 2 and "not a gpu_bundle manifest of format 2; pack it again" in result.stderr
+
+
 def test_a_folder_without_the_manifest_is_one_line_naming_it(tmp_path):
-    (tmp_path / "base.tar.00").write_bytes(b"piece")
+    (tmp_path / "base.tar.xz.00").write_bytes(b"piece")
     result = install(tmp_path, tmp_path / "site", tmp_path)
     assert result.returncode == 2 and result.stderr.strip() == \
         f"error: no MANIFEST.json in {tmp_path}: carry it with the pieces", result.stderr
