@@ -6,13 +6,15 @@ a few seconds on 2 cores."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import ROOT, run_tool
+from conftest import ROOT, TOOLS, run_tool
 
 from training.step_stream import StepStream
 
@@ -53,6 +55,33 @@ def test_each_setting_gets_its_loader_rounds_alternate_and_the_best_is_the_top_m
     mine, theirs = (next(s["shares_of_model"] for s in saved["settings"] if s["name"] == n) for n in (best, other))
     assert saved["best"] == best and saved["best_wins"] == {other: sum(m > t for m, t in zip(mine, theirs))}
     assert f"best: {best} by median share" in result.stdout and "data.num_workers=0" in result.stdout
+    assert saved["rounds_planned"] == 3 and "cut short" not in result.stdout
+
+
+def test_a_run_killed_after_its_first_round_leaves_that_round_and_says_it_was_cut(converted_sets, tmp_path):
+    """As a GPU lease's deadline kills it (SIGKILL: nothing at exit runs)."""
+    fashion = converted_sets["fashion"]
+    out = tmp_path / "out.json"
+    command = [sys.executable, str(TOOLS / "compare_settings.py"), "--config", str(RECIPE), *tiny(fashion["folder"]),
+               "--setting", "data.num_workers=0", "--setting", "data.num_workers=1", "--rounds", "3",
+               "--steps", "4", "--warmup", "1", "--json", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               start_new_session=True)
+    try:
+        for line in process.stdout:
+            if line.startswith("round 1/3"):
+                saved = json.loads(out.read_text())     # written before the second round starts
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+    assert len(saved["rounds"]) == 1 and saved["rounds_planned"] == 3 and saved["recipe"] == str(RECIPE), saved
+    assert [s["loader"]["num_workers"] for s in saved["settings"]] == [0, 1]
+    sys.path.insert(0, str(TOOLS))
+    import compare_settings
+    assert "cut short: 1 of 3 rounds finished" in compare_settings.report(saved)
+    assert json.loads(out.read_text()) == saved                 # the kill lost nothing written
 
 
 @pytest.mark.parametrize("setting,named", [

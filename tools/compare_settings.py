@@ -12,9 +12,11 @@ measures the model alone and then each setting's loader feeding the real train s
 settings' order rotating from round to round. A setting's figure in a round is its rate
 together as a share of that round's model alone; the report gives each setting's median share,
 its loader-alone rate (measured once, before the rounds), and in how many rounds the best one
-beat each other one. Every figure is as training runs (no sync per step: the host fetches the
-next batch while the device computes), over --steps steps after --warmup untimed ones; as in
-diagnose.py every pass re-runs epoch --epoch, so a resolution schedule stays at that size.
+beat each other one. --json is written after every round, so a run cut short (a GPU lease's
+deadline) leaves the rounds it finished, and its report says so. Every figure is as training
+runs (no sync per step: the host fetches the next batch while the device computes), over
+--steps steps after --warmup untimed ones; as in diagnose.py every pass re-runs epoch --epoch,
+so a resolution schedule stays at that size.
 
 A setting is a space-separated list of overrides of only these keys: data.backend, data.path,
 data.num_workers, data.hw_decoder_load (the train loader) and step_stream
@@ -35,7 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from algorithms.base import Event  # noqa: E402
-from measuring import load_measuring_config, measure, real_train_step, run_one_rank, synthetic_twin  # noqa: E402
+from measuring import (load_measuring_config, measure, real_train_step, run_one_rank, synthetic_twin,  # noqa: E402
+                       write_figures)
 from pipeline import build_loader  # noqa: E402
 from training.config import ConfigError  # noqa: E402
 from training.distributed import init_world  # noqa: E402
@@ -118,6 +121,12 @@ def compare(args, config, algorithms, settings: list[Setting]) -> dict:
 
     loader_alone = {s.name: measure(loaders[s.name], args.epoch, args.warmup, args.steps, device)["img_per_s"]
                     for s in settings}
+    about = {
+        "device": str(device), "cpu_cores": os.cpu_count() or 1, "model": config.model.name,
+        "precision": config.precision, "compile": config.compile, "channels_last": config.channels_last,
+        "batch_size": recipe_loader.spec.batch_size, "side": recipe_loader.side, "epoch": args.epoch,
+        "steps": args.steps, "warmup": args.warmup, "rounds_planned": args.rounds,
+        "recipe_backend": recipe_loader.spec.backend, "recipe_num_workers": recipe_loader.spec.num_workers}
     model_loader, rounds = synthetic_twin(recipe_loader), []
     for number in range(args.rounds):
         order = settings[number % len(settings):] + settings[:number % len(settings)]
@@ -128,19 +137,16 @@ def compare(args, config, algorithms, settings: list[Setting]) -> dict:
                                            "wait_share": round(f["wait_share"], 4),
                                            "share_of_model": round(f["img_per_s"] / model["img_per_s"], 4)}
                                     for name, f in figures.items()}})
+        result = summarise(rounds, settings, loader_alone) | about
+        for entry in result["settings"]:          # what each setting's figures were measured with
+            spec = loaders[entry["name"]].spec
+            entry["loader"] = {key: getattr(spec, key) for key in LOADER_KEYS}
+            entry["step_stream"] = streams[entry["name"]].choice
+        if number + 1 < args.rounds:
+            write_figures(args, result)            # the last round's, with the report, by run_one_rank
         print(f"round {number + 1}/{args.rounds}: model alone {model['img_per_s']:,.0f} img/s; "
               + ", ".join(f"{name} {f['img_per_s']:,.0f}" for name, f in figures.items()), flush=True)
-    result = summarise(rounds, settings, loader_alone)
-    for entry in result["settings"]:          # what each setting's figures were measured with
-        spec = loaders[entry["name"]].spec
-        entry["loader"] = {key: getattr(spec, key) for key in LOADER_KEYS}
-        entry["step_stream"] = streams[entry["name"]].choice
-    return result | {
-        "device": str(device), "cpu_cores": os.cpu_count() or 1, "model": config.model.name,
-        "precision": config.precision, "compile": config.compile, "channels_last": config.channels_last,
-        "batch_size": recipe_loader.spec.batch_size, "side": recipe_loader.side, "epoch": args.epoch,
-        "steps": args.steps, "warmup": args.warmup, "recipe_backend": recipe_loader.spec.backend,
-        "recipe_num_workers": recipe_loader.spec.num_workers}
+    return result
 
 
 def summarise(rounds: list[dict], settings: list[Setting], loader_alone: dict) -> dict:
@@ -172,6 +178,8 @@ def report(result: dict) -> str:
                      f"{s['median_share_of_model']:>12.1%}  {' '.join(s['overrides'])}")
     wins = ", ".join(f"{wins} of {len(rounds)} over {name}" for name, wins in result["best_wins"].items())
     lines += ["", f"best: {result['best']} by median share of the model alone; it beat the others in: {wins}"]
+    if len(rounds) < result.get("rounds_planned", len(rounds)):
+        lines.append(f"cut short: {len(rounds)} of {result['rounds_planned']} rounds finished")
     if any(wins < len(rounds) for wins in result["best_wins"].values()):
         lines.append("not every round agrees: the gap is within this machine's noise; more --rounds or --steps "
                      "will tell")

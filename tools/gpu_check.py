@@ -61,6 +61,8 @@ LARGE_WDS = "data/bench/photos-large-wds"      # where benchmarks/loaders.py kee
 TRAIN_RESOLUTIONS = "224,176,160,128"
 RECIPES = "algorithms/recipes"
 PYTEST_SUMMARY = re.compile(r"^(\d+ (passed|failed|skipped|errors?)(, )?)+.* in [\d.]+s")
+# pytest -v's line per test, with xdist ("[gw0] [ 50%] PASSED tests/x.py::t") or without ("tests/x.py::t PASSED")
+TEST_OUTCOME = re.compile(r"(?:\b(PASSED|FAILED|SKIPPED|ERROR)\s+tests/\S+::(\S+)|tests/\S+::(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR)\b)")
 STAGE_NAMES = ("tests", "data", "loaders", "models", "diagnose", "e2e", "e2e-variants", "e2e-compare", "train",
                "report")
 E2E_TARGET = 0.95     # end to end at 176 px, as a share of model-bound (issue 17)
@@ -99,7 +101,7 @@ def stages(work: Path, results: Path) -> dict:
                  "--config", f"{RECIPES}/resnet50_mild.yaml", *on_large, "algorithms.scale_schedule.ratio=1.0",
                  "log.progress=false", "log.interval=20", f"run_dir={work / 'resnet50_mild'}"]
     return {
-        "tests": [([PY, "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-n", "2", "-rs", "-q"], 540)],
+        "tests": [([PY, "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-n", "2", "-rs", "-v"], 540)],
         "data": [([PY, "tools/make_sample_data.py", "photos-large", "--out", "data/sample"], 300),
                  ([PY, "tools/convert_wds.py", LARGE, LARGE_WDS, *CONVERSIONS["wds"][1], "--num-workers", cores], 300)],
         "loaders": [([*loaders, "--backends", "decode_bound,gpu_decode_bound,dali-wds,webdataset",
@@ -181,8 +183,7 @@ def report(work: Path, results: Path, hardware: dict) -> str:
     lines += [f"| {s['stage']} | {s['status']} | {s['seconds']:.0f} |" for s in record.get("stages", [])]
     test_log = work / "tests.log"
     if test_log.exists():
-        summaries = [line for line in test_log.read_text().splitlines() if PYTEST_SUMMARY.match(line.strip("= "))]
-        lines += ["", f"Tests (`pytest -m cuda`): {summaries[-1].strip('= ') if summaries else 'no summary line'}"]
+        lines += ["", *test_lines(test_log.read_text().splitlines())]
     loaders = rows_of(results, machine, since, "loaders")
     if loaders:
         lines += ["", "## Loaders, img/s delivered on the GPU (photos-large)", "",
@@ -220,6 +221,25 @@ def report(work: Path, results: Path, hardware: dict) -> str:
                           f"final top-1 {summary.get('last_val_top1', float('nan')):.2f}% after "
                           f"{summary.get('epochs', '?')} epochs"]
     return "\n".join(lines) + "\n"
+
+
+def test_lines(log: list[str]) -> list[str]:
+    """pytest's summary line, and each test's outcome from -v's lines: a run the deadline cut
+    has no summary, and the names say what ran."""
+    summaries = [line.strip("= ") for line in log if PYTEST_SUMMARY.match(line.strip("= "))]
+    outcomes = {}
+    for line in log:
+        if match := TEST_OUTCOME.search(line):
+            first, name, later_name, later = match.groups()
+            outcomes[name or later_name] = first or later
+    lines = [f"Tests (`pytest -m cuda`): {summaries[-1] if summaries else 'no summary line (cut short?)'}"]
+    if outcomes:
+        by_outcome = {}
+        for name, outcome in outcomes.items():
+            by_outcome.setdefault(outcome.lower(), []).append(name)
+        lines.append("Per test: " + "; ".join(f"{outcome} {len(names)}: {', '.join(names)}"
+                                              for outcome, names in sorted(by_outcome.items())))
+    return lines
 
 
 def end_to_end_lines(work: Path, results: Path, machine: str) -> list[str]:

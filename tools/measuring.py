@@ -115,7 +115,12 @@ def run_one_rank(tool: str, args, measure_run, report_of, hint: str = "") -> int
         print(f"error: {error}", file=sys.stderr)
         return USAGE_ERROR
     print(report_of(figures), flush=True)
-    if args.json:
-        figures["recipe"], figures["overrides"] = args.config, args.overrides
-        write_bytes_atomic(args.json, (json.dumps(figures, indent=2) + "\n").encode())
+    write_figures(args, figures)
     return 0
+
+
+def write_figures(args, figures: dict) -> None:
+    """The figures to --json, if given, atomically, with the recipe and overrides they came from."""
+    if args.json:
+        figures = {**figures, "recipe": args.config, "overrides": args.overrides}
+        write_bytes_atomic(args.json, (json.dumps(figures, indent=2) + "\n").encode())
