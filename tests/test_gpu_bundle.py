@@ -9,6 +9,7 @@ from __future__ import annotations
 import lzma
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -46,7 +47,8 @@ def make_bundle(tmp_path: Path, photo: bool = True) -> Path:
     for folder in (base, dali):
         folder.mkdir(parents=True)
     # random hex: xz halves it, no more, so each group still needs several pieces
-    make_wheel(base, "probe-base", "1.0", {"probe_base/__init__.py": f"VALUE = 'base'\n# {secrets.token_hex(5000)}\n"})
+    make_wheel(base, "probe-base", "1.0", {
+        "probe_base/__init__.py": f"VALUE = 'base'\n# {secrets.token_hex(5000)}\n"})
     make_wheel(base, "pytest", "0.0.1", {"pytest_shadow_probe/__init__.py": ""})
     (base / "jpeg-kit" / "usr" / "include").mkdir(parents=True)
     (base / "jpeg-kit" / "usr" / "include" / "jpeglib.h").write_text("/* kit */\n")
@@ -54,8 +56,9 @@ def make_bundle(tmp_path: Path, photo: bool = True) -> Path:
         path = base / "photos" / "mate-backgrounds" / "usr" / "share" / "Aqua.jpg"
         path.parent.mkdir(parents=True)
         path.write_bytes(b"\xff\xd8 not decoded here \xff\xd9")
-    make_wheel(dali, "probe-dali", "2.0", {"nvidia/__init__.py": "raise ImportError('hides the node')\n",
-                                           "nvidia/probe_dali/__init__.py": f"VALUE = 'dali'\n# {secrets.token_hex(7000)}\n"})
+    make_wheel(dali, "probe-dali", "2.0", {
+        "nvidia/__init__.py": "raise ImportError('hides the node')\n",
+        "nvidia/probe_dali/__init__.py": f"VALUE = 'dali'\n# {secrets.token_hex(7000)}\n"})
     out = tmp_path / "bundle"
     gpu_bundle.write_bundle(out, {"base": (base, ["probe_base"]), "dali": (dali, ["nvidia.probe_dali"])},
                             PIECE_BYTES, python="3.x", cuda="13")
@@ -150,8 +153,8 @@ def test_wheels_are_stored_whole_and_either_xz_gives_what_tarfile_reads(tmp_path
     tar_path = tmp_path / "group.tar"
     with tarfile.open(tar_path, "w") as tar:
         tar.add(wheel, arcname=wheel.name)
-    for program in ("xz", None):                     # the xz program, then Python's lzma
-        target = tmp_path / f"group-{program}.tar.xz"
+    for index, program in enumerate((shutil.which("xz"), None)):    # the xz program where it is, then lzma
+        target = tmp_path / f"group-{index}.tar.xz"
         gpu_bundle.compress_xz(tar_path, target, program=program)
         assert lzma.decompress(target.read_bytes()) == tar_path.read_bytes()
         with tarfile.open(target) as tar:

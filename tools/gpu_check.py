@@ -62,7 +62,8 @@ TRAIN_RESOLUTIONS = "224,176,160,128"
 RECIPES = "algorithms/recipes"
 PYTEST_SUMMARY = re.compile(r"^(\d+ (passed|failed|skipped|errors?)(, )?)+.* in [\d.]+s")
 # pytest -v's line per test, with xdist ("[gw0] [ 50%] PASSED tests/x.py::t") or without ("tests/x.py::t PASSED")
-TEST_OUTCOME = re.compile(r"(?:\b(PASSED|FAILED|SKIPPED|ERROR)\s+tests/\S+::(\S+)|tests/\S+::(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR)\b)")
+TEST_OUTCOME = re.compile(r"\b(PASSED|FAILED|SKIPPED|ERROR)\s+tests/\S+::(\S+)"
+                          r"|tests/\S+::(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR)\b")
 STAGE_NAMES = ("tests", "data", "loaders", "models", "diagnose", "e2e", "e2e-variants", "e2e-compare", "train",
                "report")
 E2E_TARGET = 0.95     # end to end at 176 px, as a share of model-bound (issue 17)
@@ -183,7 +184,7 @@ def report(work: Path, results: Path, hardware: dict) -> str:
     lines += [f"| {s['stage']} | {s['status']} | {s['seconds']:.0f} |" for s in record.get("stages", [])]
     test_log = work / "tests.log"
     if test_log.exists():
-        lines += ["", *test_lines(test_log.read_text().splitlines())]
+        lines += ["", *cuda_test_lines(test_log.read_text().splitlines())]
     loaders = rows_of(results, machine, since, "loaders")
     if loaders:
         lines += ["", "## Loaders, img/s delivered on the GPU (photos-large)", "",
@@ -223,7 +224,7 @@ def report(work: Path, results: Path, hardware: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_lines(log: list[str]) -> list[str]:
+def cuda_test_lines(log: list[str]) -> list[str]:
     """pytest's summary line, and each test's outcome from -v's lines: a run the deadline cut
     has no summary, and the names say what ran."""
     summaries = [line.strip("= ") for line in log if PYTEST_SUMMARY.match(line.strip("= "))]
