@@ -7,6 +7,7 @@ about 170 MB unpacked) and reused by later runs (conftest's `debian_cache`)."""
 import csv
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -290,12 +291,25 @@ def test_failed_download_says_what_to_run(tmp_path, monkeypatch, is_root):
     assert calls == (["download", "update", "download"] if is_root else ["download"])
 
 
-def test_photos_large_cuts_the_same_tiles_and_threads_change_no_byte(tmp_path, photos_dir, debian_cache):
+def test_photos_large_cuts_the_same_tiles_and_workers_change_no_byte(tmp_path, photos_dir, debian_cache):
     """photos-large draws from the same per-class streams as photos, so its first tiles are
-    photos' tiles; made by 3 threads they are the bytes one thread wrote."""
+    photos' tiles; made by 3 worker processes they are the bytes one process wrote."""
     summary = msd.make_photos_large(tmp_path, limit=LIMIT, seed=3, progress=False, cache_dir=debian_cache, jobs=3)
     assert Path(summary["path"]).name == "photos-large" and summary["written"] > 0
     large, photos = files_of(tmp_path / "photos-large"), files_of(photos_dir)
     jpegs = [rel for rel in photos if rel.endswith(".JPEG")]
     assert jpegs and all(large[rel] == photos[rel] for rel in jpegs)
     assert set(large) == set(photos)
+
+
+@pytest.mark.timeout(60)
+def test_a_render_worker_that_dies_is_one_line_not_a_hang(tmp_path):
+    plan = {f"train/c/{i}.bin": i for i in range(64)}
+
+    def render(job):
+        if job == 40:
+            os.kill(os.getpid(), signal.SIGKILL)       # what the out-of-memory killer does
+        return b"x"
+    with pytest.raises(generated_set.GeneratedSetError, match=r"^probe: a worker process died .* --jobs 1"):
+        generated_set.write_missing(tmp_path, plan, render, "probe", progress=False, jobs=2)
+    assert generated_set.write_missing(tmp_path, plan, lambda job: b"y", "probe", progress=False, jobs=2) > 0

@@ -36,7 +36,6 @@ import math
 import os
 import struct
 import sys
-import threading
 import zlib
 from pathlib import Path
 
@@ -261,18 +260,16 @@ def make_photos(out_dir, limit: int | None = None, seed: int = 0, progress: bool
                 plan[rel] = (photo_path, box, size, quality)
                 manifest.append([split, name, rel, source, *box, *size, quality])
 
-    loaded, loading = {}, threading.Lock()  # the photos in use: the plan is in photo order
+    loaded = {}     # in each worker process, the photos it cuts: the plan is in photo order
 
     def render(job):
         photo_path, box, size, quality = job
-        with loading:
-            if photo_path not in loaded:
-                if len(loaded) > jobs:          # at most one photo per thread, and the next one
-                    loaded.pop(next(iter(loaded)))
-                with Image.open(photo_path) as im:
-                    loaded[photo_path] = im.convert("RGB")
-            photo = loaded[photo_path]
-        return render_tile(photo, box, size, quality)
+        if photo_path not in loaded:
+            if len(loaded) > 1:                 # the photo in hand and the one before
+                loaded.pop(next(iter(loaded)))
+            with Image.open(photo_path) as im:
+                loaded[photo_path] = im.convert("RGB")
+        return render_tile(loaded[photo_path], box, size, quality)
 
     written = write_missing(set_dir, plan, render, set_name, progress, jobs)
     buf = io.StringIO()
@@ -306,7 +303,7 @@ def main(argv=None) -> int:
                         help="at most N images per class per split (for tests)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="threads rendering photo tiles (Pillow releases the GIL); default: all cores")
+                        help="processes rendering photo tiles; default: all cores")
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
