@@ -208,11 +208,16 @@ def tree_digest(folder: Path) -> dict[str, str]:
 
 
 def kill_when_writing(script: str, src: Path, out: Path, temporary_glob: str) -> None:
-    """Start a conversion and SIGKILL it as soon as its temporary output appears."""
+    """Start a conversion and SIGKILL it once its temporary output holds samples. Not as soon as
+    the FFCV .beton appears: FFCV creates a SharedMemory just after, and a kill before Python's
+    resource tracker has it registered left the segment in /dev/shm for good."""
     process = subprocess.Popen([sys.executable, str(TOOLS / script), str(src), str(out), "--force",
                                 "--num-workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while not list(out.glob(temporary_glob)):
+
+    def written() -> int:
+        return sum(p.stat().st_size for t in out.glob(temporary_glob) for p in (t, *t.rglob("*")) if p.is_file())
+    while not written() > 1 << 20:
         assert process.poll() is None, "the conversion ended before it could be interrupted"
         assert time.monotonic() < deadline
         time.sleep(0.005)
