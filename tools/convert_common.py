@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import faulthandler
 import hashlib
 import json
-import multiprocessing
 import os
 import platform
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -34,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from pipeline.atomic_files import check_writable, write_bytes_atomic  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from pipeline.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split  # noqa: E402
+from worker_pool import WorkerDied, forked_map  # noqa: E402
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is a skip, never half an image
 MANIFEST = "manifest.json"
@@ -153,28 +150,20 @@ def probe(path: str) -> str | None:
 
 def parallel_map(function: Callable, items: list, num_workers: int, desc: str,
                  chunksize: int = 16) -> Iterator:
-    """function(item) for each item, in order, on num_workers processes, with a progress bar.
-    A worker that dies (a crash in native code, the OOM killer) is a ConversionFault, not a
-    hang: multiprocessing.Pool replaces a dead worker and waits for its lost task forever, which
-    once cost a GPU node's 300 s time limit at 0 images. Workers print a crash's traceback
-    (faulthandler) to stderr."""
+    """function(item) for each item, in order, on num_workers processes (tools/worker_pool.py),
+    with a progress bar; a worker that dies is a ConversionFault, not a hang."""
     progress = Progress(len(items), desc, unit="img")
-    with contextlib.ExitStack() as stack:
-        if num_workers <= 1 or len(items) < 2 * chunksize:
-            results = map(function, items)
-        else:
-            pool = ProcessPoolExecutor(num_workers, multiprocessing.get_context("fork"), initializer=faulthandler.enable)
-            stack.callback(pool.shutdown, cancel_futures=True)    # a caller's error: no waiting for the rest
-            results = pool.map(function, items, chunksize=chunksize)
-        try:
+    workers = num_workers if len(items) >= 2 * chunksize else 1
+    try:
+        with contextlib.closing(forked_map(function, items, workers, chunksize)) as results:
             for done, result in enumerate(results, 1):
                 progress.update()
                 if done == len(items):      # a caller may stop at the last item, before this generator ends
                     progress.close()
                 yield result
-        except BrokenProcessPool:
-            raise ConversionFault(f"{desc}: a worker process died (its traceback, if it crashed, is above); "
-                                  "--num-workers 1 runs the same work in this process") from None
+    except WorkerDied:
+        raise ConversionFault(f"{desc}: a worker process died (its traceback, if it crashed, is above); "
+                              "--num-workers 1 runs the same work in this process") from None
     progress.close()
 
 

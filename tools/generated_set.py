@@ -7,18 +7,16 @@ resumes, and every file is written under a temporary name and renamed, so none i
 """
 from __future__ import annotations
 
-import faulthandler
+import contextlib
 import json
-import multiprocessing
 import os
 import shutil
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 
 from pipeline.atomic_files import write_bytes_atomic
 from pipeline.progress import Progress
+from worker_pool import WorkerDied, forked_map
 
 SPLITS = ("train", "val")
 DONE_FILE = ".done.json"      # written last: the set is complete for these params
@@ -118,22 +116,16 @@ def write_missing(set_dir: Path, plan: dict, render, desc: str, progress: bool, 
     missing = [rel for rel in plan if rel not in present]
 
     bar = Progress(len(missing), desc, unit="img", enabled=progress and bool(missing))
-    _work, pool = (set_dir, plan, render), None
+    _work = (set_dir, plan, render)
     try:
-        if jobs > 1 and len(missing) > 1:
-            pool = ProcessPoolExecutor(jobs, multiprocessing.get_context("fork"), initializer=faulthandler.enable)
-            written = pool.map(_write, missing, chunksize=32)
-        else:
-            written = map(_write, missing)
-        for _ in written:
-            bar.update()
-    except BrokenProcessPool:
+        with contextlib.closing(forked_map(_write, missing, jobs, chunksize=32)) as written:
+            for _ in written:
+                bar.update()
+    except WorkerDied:
         raise GeneratedSetError(f"{desc}: a worker process died (its traceback, if it crashed, is above); "
                                 "--jobs 1 renders in this process") from None
     finally:
         bar.close()
-        if pool:   # after an error or Ctrl-C, stop at once rather than render the rest of the plan
-            pool.shutdown(cancel_futures=True)
         _work = None
     return len(missing)
 
