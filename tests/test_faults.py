@@ -145,8 +145,14 @@ def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
     assert re.search(r"resumed from \S+-ba(\d+)\.pt", stdout), stdout[-3000:]
-    survivor = [line for line in stderr.splitlines() if line.startswith("error: rank 0:")]
-    assert len(survivor) == 1 and "a collective failed in " in survivor[0], stderr[-3000:]   # one line, no traceback
+    # Searched for anywhere in a line. A fresh clone's make test once found no line starting with
+    # it; torchrun's SIGTERM reaching rank 0 first still gives the line (tried by sending it), so
+    # the likelier cause is gloo's C++ warnings, written to the same pipe in pieces, ahead of ours
+    # (ours is one write() of under PIPE_BUF bytes). Should it fail again, the message shows every
+    # line that names a rank or a signal, not the last 3,000 characters of warnings.
+    survivor = re.findall(r"error: rank 0: .*", stderr)
+    said = "\n".join(line for line in stderr.splitlines() if "rank" in line or "signal" in line)[-3000:]
+    assert len(survivor) == 1 and "a collective failed in " in survivor[0], said   # one line, no traceback
     assert "Traceback" not in stderr
     assert_ends_alike(straight, killed, 42)
 
