@@ -20,8 +20,10 @@ class WorkerDied(Exception):
 
 def forked_map(function: Callable, items: list, workers: int, chunksize: int = 16) -> Iterator:
     """function(item) for each item, in order: in this process when workers <= 1, else on that
-    many forked processes (function need not pickle: the workers inherit it). Workers print a
-    crash's traceback (faulthandler); leaving early, by an error or Ctrl-C, cancels the rest."""
+    many forked processes. function goes to them pickled, so by name: a module-level function,
+    not a closure; what it needs beyond the item it can read from module state set before this
+    call, which the forked workers inherit (generated_set's _work). Workers print a crash's
+    traceback (faulthandler); leaving early, by an error or Ctrl-C, cancels the rest."""
     if workers <= 1 or len(items) < 2:
         yield from map(function, items)
         return
