@@ -271,15 +271,28 @@ def test_up_to_date_outputs_are_not_written_again(bad_source, tmp_path):
     assert tree_digest(out)["train/shard-000000.tar"] == first["train/shard-000000.tar"]
 
 
-def test_wds_shards_are_deterministic_and_size_capped(many_images, tmp_path):
-    for name in ("a", "b"):
-        run_tool("convert_wds.py", many_images, tmp_path / name, "--shard-size-mb", 1, "--splits", "train",
-                 check=True)
+# Runs a tool as a GPU node's first call does, before DALI's pieces are in: neither DALI nor
+# its wds2idx can be imported (None in sys.modules makes `import` raise ImportError).
+WITHOUT_DALI = ("import runpy, sys; sys.modules.update(dict.fromkeys(('nvidia.dali', 'wds2idx')));"
+                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def test_wds_shards_are_deterministic_size_capped_and_indexed_as_dali_does_without_dali(many_images, tmp_path):
+    from wds2idx import IndexCreator
+    args = (many_images, "--shard-size-mb", 1, "--splits", "train")
+    run_tool("convert_wds.py", *args[:1], tmp_path / "a", *args[1:], check=True)
+    without_dali = subprocess.run([sys.executable, "-c", WITHOUT_DALI, str(TOOLS / "convert_wds.py"), *map(
+        str, args[:1]), str(tmp_path / "b"), *map(str, args[1:])], capture_output=True, text=True, timeout=300)
+    assert without_dali.returncode == 0, without_dali.stderr[-3000:]
     digests = {name: tree_digest(tmp_path / name / "train") for name in ("a", "b")}
     assert digests["a"] == digests["b"]
     shards = read_manifest(tmp_path / "a")["splits"]["train"]["shards"]
     assert len(shards) > 1 and sum(s["count"] for s in shards) == 300
     assert all((tmp_path / "a/train" / s["tar"]).stat().st_size <= 2**20 for s in shards)
+    for shard in shards:
+        with IndexCreator(str(tmp_path / "a/train" / shard["tar"]), str(tmp_path / "dali.idx"), verbose=False) as ic:
+            ic.create_index()
+        assert (tmp_path / "a/train" / shard["index"]).read_text() == (tmp_path / "dali.idx").read_text(), shard
 
 
 def dali_labels(split_dir: Path, manifest: dict, split: str) -> list[int]:

@@ -15,9 +15,10 @@ is stored as it is, without a lossy re-encode; anything else is re-encoded at
 MCU (the same pixels, a few % more bytes; --no-restart-markers stores it without): the
 decode engine then decodes only the MCUs under a crop (pipeline/jpeg_restarts.h). Train
 samples are written in a seeded random order, because WebDataset readers only shuffle shards
-and a buffer; val stays in folder order. DALI's index files
-(`wds2idx` format) are written beside the shards. Tars are deterministic: the same input
-and options give the same bytes.
+and a buffer; val stays in folder order. Index files in DALI's `wds2idx` format (v1.2: per
+sample, each member's extension, data offset, size and name) are written beside the shards,
+from the offsets the writer knows, so converting needs no DALI (a GPU node may get DALI last).
+Tars are deterministic: the same input and options give the same bytes.
 """
 from __future__ import annotations
 
@@ -89,15 +90,21 @@ class ShardWriter:
         self.shards: list[dict] = []
         self.count = 0
         self.tar: tarfile.TarFile | None = None
+        self.index_lines: list[str] = []   # the current shard's, one a sample
 
     def add(self, key: str, members: dict[str, bytes]) -> None:
         size = sum(512 + -(-len(data) // 512) * 512 for data in members.values())
         if self.tar is None or (self.shards[-1]["count"] and _tar_size(self.shards[-1]["bytes"] + size) > self.max_bytes):
             self._open_next()
+        entries = []
         for ext, data in members.items():
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size, info.mode, info.mtime = len(data), 0o444, 0
             self.tar.addfile(info, io.BytesIO(data))
+            # The data ends the member's padded blocks, the header(s) come before them.
+            data_offset = self.tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+            entries.append(f"{ext} {data_offset} {len(data)} {info.name}")
+        self.index_lines.append(" ".join(entries))
         self.shards[-1]["count"] += 1
         self.shards[-1]["bytes"] += size
         self.count += 1
@@ -114,10 +121,10 @@ class ShardWriter:
         self.tar.close()
         shard = self.shards[-1]
         fsync_path(self.folder / shard["tar"])
-        from wds2idx import IndexCreator  # shipped with DALI
-        with IndexCreator(str(self.folder / shard["tar"]), str(self.folder / shard["index"]), verbose=False) as ic:
-            ic.create_index()
-        self.tar = None
+        index = self.folder / shard["index"]
+        index.write_text(f"v1.2 {len(self.index_lines)}\n" + "".join(line + "\n" for line in self.index_lines))
+        fsync_path(index)
+        self.tar, self.index_lines = None, []
 
     def close(self) -> None:
         self._close_current()
