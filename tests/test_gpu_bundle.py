@@ -25,10 +25,12 @@ import gpu_bundle  # noqa: E402
 PIECE_BYTES = 4096          # several pieces per group, as DALI's 144 MiB makes at 58 MiB
 
 
-def make_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
-    """A minimal pure-Python wheel: the files, METADATA, WHEEL and RECORD."""
+def make_wheel(folder: Path, name: str, version: str, files: dict[str, str], requires: tuple = ()) -> Path:
+    """A minimal pure-Python wheel: the files, METADATA (with `requires` as Requires-Dist), WHEEL and RECORD."""
     dist = f"{name.replace('-', '_')}-{version}"
-    info = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires)
+    info = {f"{dist}.dist-info/METADATA": metadata,
             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
                                        "Tag: py3-none-any\n"}
     path = folder / f"{dist}-py3-none-any.whl"
@@ -190,3 +192,27 @@ def test_a_gpu_session_installs_what_came_and_packs_the_results_for_the_trip_bac
         names = packed.getnames()
     committed = sorted(p.name for p in (ROOT / "benchmarks" / "results").glob("*.jsonl"))
     assert committed and all(f"results/{name}" in names for name in committed), names
+
+
+@pytest.mark.timeout(180)
+def test_pack_completes_a_group_with_what_its_wheels_require_on_the_node(tmp_path, monkeypatch):
+    """`complete` with the real pip, against a local folder of wheels instead of the index."""
+    links, dest = tmp_path / "links", tmp_path / "dest"
+    links.mkdir(), dest.mkdir()
+    make_wheel(dest, "app", "1.0", {"app/__init__.py": ""}, requires=(
+        "dep-a>=1", "torch", "nvidia-libnvcomp-cu13==5.3", "dep-windows; sys_platform == 'win32'",
+        "dep-old-python; python_version < '3.11'", "dep-extra; extra == 'dev'", "dep-new-python; python_version >= '3.12'"))
+    make_wheel(links, "dep-a", "1.2", {"dep_a/__init__.py": ""}, requires=("dep_b",))
+    for name in ("dep-b", "dep-c", "dep-windows", "dep-old-python", "dep-extra", "dep-new-python"):
+        make_wheel(links, name, "1.0", {f"{name.replace('-', '_')}/__init__.py": ""})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    gpu_bundle.complete(dest, "3.12")
+    assert sorted(gpu_bundle.distribution(w) for w in dest.glob("*.whl")) == [
+        "app", "dep-a", "dep-b", "dep-new-python"]
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    make_wheel(elsewhere, "app", "1.0", {"app/__init__.py": ""}, requires=("dep-a", "dep-c"))
+    gpu_bundle.complete(elsewhere, "3.11", {"dep-a", "dep-b"})   # another group holds them
+    assert sorted(gpu_bundle.distribution(w) for w in elsewhere.glob("*.whl")) == ["app", "dep-c"]

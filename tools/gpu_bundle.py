@@ -59,12 +59,9 @@ FORMAT = 2          # 2: xz-compressed groups of stored wheels, laid out in call
 NODE_HAS = {"torch", "numpy", "numba", "llvmlite", "pillow", "opencv-python", "opencv-python-headless"}
 # DALI's optional codec libraries (nvTIFF and nvJPEG2000 decoders, nvCOMP's GPU decompression).
 DALI_OPTIONAL = re.compile(r"nvidia-(libnvcomp|nvjpeg2k|nvtiff)")
-# Beside the set-up's own specs (tools/setup_specs.sh), what pip's resolver brings them there:
-# webdataset's braceexpand, DALI's six, pytest-xdist's execnet.
-RESOLVED_THERE = ["braceexpand", "six", "execnet"]
 JPEG_KIT_PACKAGES = ("libjpeg62-turbo", "libjpeg62-turbo-dev")
 # What each group must make importable on the node (kept in the manifest).
-GROUP_IMPORTS = {"base": ["ffcv", "webdataset", "simplejpeg"], "dali": ["nvidia.dali"]}
+GROUP_IMPORTS = {"base": ["ffcv", "webdataset", "simplejpeg", "pytest", "xdist", "pytest_timeout"], "dali": ["nvidia.dali"]}
 
 
 class BundleError(Exception):
@@ -77,12 +74,17 @@ def say(message: str) -> None:
 
 def distribution(wheel: Path) -> str:
     """A wheel file's distribution name, normalized (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+    return normalized(wheel.name.split("-")[0])
 
 
 def sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def normalized(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def requirement_name(spec: str) -> str:
@@ -117,35 +119,52 @@ def pip_download(specs: list[str], dest: Path, python_version: str) -> None:
     run(command, f"pip download {' '.join(specs)}")
 
 
-def requirements(wheel: Path) -> list[str]:
-    """A wheel's Requires-Dist lines that hold without extras."""
+def requirements(wheel: Path, python_version: str) -> list[str]:
+    """The wheel's Requires-Dist that hold on the node (Linux x86-64, CPython `python_version`,
+    no extras), as name and version range without the marker."""
+    from packaging.requirements import Requirement   # the set-up installs it (matplotlib's)
+    node = {"python_version": python_version, "python_full_version": f"{python_version}.0", "os_name": "posix",
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+            "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         lines = archive.read(name).decode().splitlines()
-    return [ln.split(":", 1)[1].strip() for ln in lines
-            if ln.startswith("Requires-Dist:") and "extra ==" not in ln]
+    wanted = [Requirement(ln.split(":", 1)[1]) for ln in lines if ln.startswith("Requires-Dist:")]
+    return [f"{r.name}{r.specifier}" for r in wanted if r.marker is None or r.marker.evaluate(node)]
 
 
-def gather_dali(dest: Path, cuda: str, python_version: str) -> None:
+def complete(dest: Path, python_version: str, elsewhere: set[str] = frozenset()) -> None:
+    """Downloads, level by level, what the wheels in `dest` require and neither `dest`, the node
+    (NODE_HAS) nor `elsewhere` (another group) holds: the closure pip's resolver would install,
+    which `--no-deps` downloads leave out (pytest's pluggy and iniconfig, webdataset's braceexpand)."""
+    while True:
+        present = {distribution(w) for w in dest.glob("*.whl")} | NODE_HAS | set(elsewhere)
+        missing = sorted({spec for wheel in dest.glob("*.whl") for spec in requirements(wheel, python_version)
+                          if normalized(requirement_name(spec)) not in present
+                          and not DALI_OPTIONAL.match(normalized(requirement_name(spec)))})
+        if not missing:
+            return
+        pip_download(missing, dest, python_version)
+        if not {distribution(w) for w in dest.glob("*.whl")} - present:
+            raise BundleError(f"pip download {' '.join(missing)} brought no new wheel")
+
+
+def gather_dali(dest: Path, cuda: str, python_version: str, elsewhere: set[str]) -> None:
     dali_spec = re.sub(r"cuda\d+", f"cuda{cuda}0", setup_specs("DALI_SPEC")[0])   # the set-up's, for the node's CUDA
     pip_download([dali_spec], dest, python_version)
     dali = next(dest.glob("nvidia_dali_*.whl"))
-    wanted = [f"nvidia-nvjpeg>={cuda},<{int(cuda) + 1}"]
-    for requirement in requirements(dali):
-        name = requirement_name(requirement)
-        if name in NODE_HAS or DALI_OPTIONAL.match(name):
-            continue
-        wanted.append(re.sub(r"\[[^]]*\]", "", requirement))    # nvimgcodec without its [all] extra
-    pip_download(wanted, dest, python_version)
+    pip_download([f"nvidia-nvjpeg>={cuda},<{int(cuda) + 1}"], dest, python_version)
+    complete(dest, python_version, elsewhere)
 
 
 def gather_base(dest: Path, python: str, python_version: str) -> None:
     carried = [spec for spec in setup_specs("REST_SPECS") if requirement_name(spec) not in NODE_HAS]
-    pip_download(carried + RESOLVED_THERE, dest, python_version)
+    pip_download(carried, dest, python_version)
     run(["bash", str(ROOT / "tools" / "ffcv_wheel.sh"), str(dest), python], "tools/ffcv_wheel.sh")
     for wheel in dest.glob("*.whl"):                  # ffcv_wheel.sh adds OpenCV, which the node has
         if distribution(wheel) in NODE_HAS:
             wheel.unlink()
+    complete(dest, python_version)
     kit = dest / "jpeg-kit"
     with tempfile.TemporaryDirectory() as debs:
         run(["apt-get", "download", *JPEG_KIT_PACKAGES], "apt-get download", cwd=debs)
@@ -258,7 +277,7 @@ def pack(out: Path, python: str, cuda: str, piece_mib: int) -> dict:
         say("base: gathering")
         gather_base(base, python, python_version)
         say("dali: gathering")
-        gather_dali(dali, cuda, python_version)
+        gather_dali(dali, cuda, python_version, {distribution(w) for w in base.glob("*.whl")})
         return write_bundle(out, {"base": (base, GROUP_IMPORTS["base"]), "dali": (dali, GROUP_IMPORTS["dali"])},
                             piece_mib << 20, python=python_version, cuda=cuda)
 
