@@ -21,8 +21,10 @@ MULTIARCH = "usr/lib/x86_64-linux-gnu"     # Debian's layout, which GCC's own LI
 
 
 def system_libjpeg() -> Path:
-    """The libjpeg this process loaded for pipeline/_jpeg_roi.so (imported above)."""
-    found = [Path(path) for path in loaded_files("libjpeg") if ".so.62" in path]
+    """The libjpeg this process loaded for pipeline/_jpeg_roi.so (imported above). By its file
+    name: a stock Pillow wheel brings its own copy too (libjpeg-<hash>.so.62...), whose SONAME no
+    library linked against it could find."""
+    found = [Path(path) for path in loaded_files("libjpeg") if Path(path).name.startswith("libjpeg.so.62")]
     assert found, f"no libjpeg.so.62 loaded: {loaded_files('libjpeg')}"
     return found[0]
 
