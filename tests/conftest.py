@@ -63,6 +63,15 @@ def run_tool(script: str, *args, check: bool = False, timeout: float = 600) -> s
     return result
 
 
+def run_tool_without(modules: tuple[str, ...], script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:
+    """run_tool with `modules` unimportable (None in sys.modules makes `import` raise ImportError), as on
+    a machine without them: a GPU image without matplotlib, a node before DALI's pieces are in."""
+    code = (f"import runpy, sys; sys.modules.update(dict.fromkeys({modules!r})); sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code, str(TOOLS / script), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def two_ranks(script: str, out: Path, *args, timeout: float = 600) -> list:
     """Runs the Python source `script` as two gloo ranks under torchrun, with `args` and then
     `out` as its arguments; returns what each rank wrote to OUT/rank<r>.json."""

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import TOOLS, read_manifest, run_tool
+from conftest import TOOLS, read_manifest, run_tool, run_tool_without
 from convert_common import ConversionFault, parallel_map
 
 CONVERTERS = ["convert_ffcv.py", "convert_wds.py"]
@@ -271,18 +271,12 @@ def test_up_to_date_outputs_are_not_written_again(bad_source, tmp_path):
     assert tree_digest(out)["train/shard-000000.tar"] == first["train/shard-000000.tar"]
 
 
-# Runs a tool as a GPU node's first call does, before DALI's pieces are in: neither DALI nor
-# its wds2idx can be imported (None in sys.modules makes `import` raise ImportError).
-WITHOUT_DALI = ("import runpy, sys; sys.modules.update(dict.fromkeys(('nvidia.dali', 'wds2idx')));"
-                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
-
-
 def test_wds_shards_are_deterministic_size_capped_and_indexed_as_dali_does_without_dali(many_images, tmp_path):
     from wds2idx import IndexCreator
     args = (many_images, "--shard-size-mb", 1, "--splits", "train")
     run_tool("convert_wds.py", *args[:1], tmp_path / "a", *args[1:], check=True)
-    without_dali = subprocess.run([sys.executable, "-c", WITHOUT_DALI, str(TOOLS / "convert_wds.py"), *map(
-        str, args[:1]), str(tmp_path / "b"), *map(str, args[1:])], capture_output=True, text=True, timeout=300)
+    # as a GPU node's first call runs it, before DALI's pieces are in
+    without_dali = run_tool_without(("nvidia.dali", "wds2idx"), "convert_wds.py", *args[:1], tmp_path / "b", *args[1:])
     assert without_dali.returncode == 0, without_dali.stderr[-3000:]
     digests = {name: tree_digest(tmp_path / name / "train") for name in ("a", "b")}
     assert digests["a"] == digests["b"]

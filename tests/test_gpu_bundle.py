@@ -201,7 +201,8 @@ def test_pack_completes_a_group_with_what_its_wheels_require_on_the_node(tmp_pat
     links.mkdir(), dest.mkdir()
     make_wheel(dest, "app", "1.0", {"app/__init__.py": ""}, requires=(
         "dep-a>=1", "torch", "nvidia-libnvcomp-cu13==5.3", "dep-windows; sys_platform == 'win32'",
-        "dep-old-python; python_version < '3.11'", "dep-extra; extra == 'dev'", "dep-new-python; python_version >= '3.12'"))
+        "dep-old-python; python_version < '3.11'", "dep-extra; extra == 'dev'",
+        "dep-new-python; python_version >= '3.12'"))
     make_wheel(links, "dep-a", "1.2", {"dep_a/__init__.py": ""}, requires=("dep_b",))
     for name in ("dep-b", "dep-c", "dep-windows", "dep-old-python", "dep-extra", "dep-new-python"):
         make_wheel(links, name, "1.0", {f"{name.replace('-', '_')}/__init__.py": ""})

@@ -1,5 +1,6 @@
 """tools/plot_run.py on real runs (two in-process trainers): the panels hold the logged figures,
-several runs are overlaid, and a bad run directory is a one-line error that writes nothing."""
+several runs are overlaid, and a bad run directory or a missing matplotlib is a one-line error
+that writes nothing."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 from algorithms.progressive_resizing import ProgressiveResizing
-from conftest import TOOLS, run_tool, tiny_trainer
+from conftest import TOOLS, run_tool, run_tool_without, tiny_trainer
 
 sys.path.insert(0, str(TOOLS))
 import plot_run  # noqa: E402
@@ -54,4 +55,9 @@ def test_a_bad_run_directory_is_one_line_and_writes_nothing(tmp_path):
         result = run_tool("plot_run.py", *args, "--out", tmp_path / "plot.png") if len(args) == 1 else \
             run_tool("plot_run.py", *args)
         assert result.returncode == 2 and result.stderr.strip().count("\n") == 0 and message in result.stderr
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"epoch": 0, "step": 1, "wall_s": 0.5, "train_loss": 2.3}\n')
+    result = run_tool_without(("matplotlib",), "plot_run.py", tmp_path / "run", "--out", tmp_path / "plot.png")
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+    assert "matplotlib is not installed; run `bash tools/bootstrap.sh`" in result.stderr
     assert (tmp_path / "plot.png").read_bytes() == b"an earlier plot"

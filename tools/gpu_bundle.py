@@ -61,7 +61,8 @@ NODE_HAS = {"torch", "numpy", "numba", "llvmlite", "pillow", "opencv-python", "o
 DALI_OPTIONAL = re.compile(r"nvidia-(libnvcomp|nvjpeg2k|nvtiff)")
 JPEG_KIT_PACKAGES = ("libjpeg62-turbo", "libjpeg62-turbo-dev")
 # What each group must make importable on the node (kept in the manifest).
-GROUP_IMPORTS = {"base": ["ffcv", "webdataset", "simplejpeg", "pytest", "xdist", "pytest_timeout"], "dali": ["nvidia.dali"]}
+GROUP_IMPORTS = {"base": ["ffcv", "webdataset", "simplejpeg", "pytest", "xdist", "pytest_timeout"],
+                 "dali": ["nvidia.dali"]}
 
 
 class BundleError(Exception):

@@ -62,7 +62,11 @@ def run_names(run_dirs: list[Path]) -> list[str]:
 
 
 def draw(runs: dict[str, list[dict]]) -> bytes:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:     # a GPU image without it: one line, as benchmarks/report.py says it
+        raise PlotError("matplotlib is not installed; run `bash tools/bootstrap.sh` (a plain `pip install "
+                        "matplotlib` would replace Pillow-SIMD with stock Pillow)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
