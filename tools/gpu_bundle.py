@@ -12,9 +12,11 @@ C engine compiles against, and the photographs tools/make_sample_data.py cuts it
 `pack` (default OUT: gpu-bundle/) makes two groups, each an xz-compressed tar cut into pieces,
 and MANIFEST.json with every piece's size and sha256 and the calls that carry them:
 - base: the FFCV wheel (tools/ffcv_wheel.sh) and its small dependencies, webdataset,
-  simplejpeg, the pytest plugins the suite needs, a libjpeg-turbo kit (headers and library,
+  simplejpeg, pytest and its plugins, a libjpeg-turbo kit (headers and library,
   from Debian packages) and the 23 source photographs (about 21 MiB). Every stage but DALI's
   runs with it alone;
+- each group also carries what its wheels require on the node and neither it, the other group
+  nor the node has (`complete`: pip downloads for another platform must be --no-deps);
 - dali: DALI for CUDA `--cuda`, nvImageCodec and nvJPEG, and DALI's pure-Python dependencies.
   nvCOMP, nvJPEG2000 and nvTIFF stay out: DALI prints that it cannot load them and goes on
   (JPEG needs none of them).
@@ -153,7 +155,6 @@ def complete(dest: Path, python_version: str, elsewhere: set[str] = frozenset())
 def gather_dali(dest: Path, cuda: str, python_version: str, elsewhere: set[str]) -> None:
     dali_spec = re.sub(r"cuda\d+", f"cuda{cuda}0", setup_specs("DALI_SPEC")[0])   # the set-up's, for the node's CUDA
     pip_download([dali_spec], dest, python_version)
-    dali = next(dest.glob("nvidia_dali_*.whl"))
     pip_download([f"nvidia-nvjpeg>={cuda},<{int(cuda) + 1}"], dest, python_version)
     complete(dest, python_version, elsewhere)
 
