@@ -29,6 +29,17 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0():
     assert bad.returncode == 2 and "unknown stage 'gpus'" in bad.stderr.strip().splitlines()[-1]
 
 
+def test_a_rehearsal_runs_the_stages_without_cuda(tmp_path):
+    """GPU_CHECK_WITHOUT_CUDA=1 (tools/rehearse_lease.sh): it goes on to the stages and the report."""
+    env = {**__import__("os").environ, "GPU_CHECK_WITHOUT_CUDA": "1"}
+    result = subprocess.run([sys.executable, str(TOOLS / "gpu_check.py"), "--stages", "report", "--work",
+                             str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not result.stdout.startswith("gpu-check: no CUDA device here") and (tmp_path / "work").is_dir()
+    assert len(list((tmp_path / "results" / "report").glob("gpu-check-*.md"))) == 1
+
+
 def test_a_stage_past_its_limit_is_killed_and_each_outcome_named(tmp_path):
     started = time.monotonic()
     silent_hang = gpu_check.run_stage("hang", [([sys.executable, "-c", "import time; time.sleep(60)"], 2)], tmp_path)

@@ -32,7 +32,9 @@ Stages, each a subprocess with its own time limit (a hang fails one stage, the r
   loss must fall and the resumed run must continue from the checkpoint;
 - report: a summary of all of it in RESULTS_DIR/report/gpu-check-<machine>.md, also printed.
 Figures go to this machine's results file (benchmarks/hardware.py) as every benchmark's do;
-logs and run directories to --work. Without CUDA it says so in one line and exits 0.
+logs and run directories to --work. Without CUDA it says so in one line and exits 0, unless
+GPU_CHECK_WITHOUT_CUDA=1 (tools/rehearse_lease.sh: the stages' CPU halves, data, tests' collection
+and skips, report, in a stand-in for the GPU image, offline).
 """
 from __future__ import annotations
 
@@ -325,7 +327,7 @@ def main() -> int:
     if unknown := [s for s in wanted if s not in STAGE_NAMES]:
         parser.error(f"unknown stage {unknown[0]!r}; choose from {', '.join(STAGE_NAMES)}")
     import torch
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and os.environ.get("GPU_CHECK_WITHOUT_CUDA") != "1":
         print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing to check")
         return 0
     args.work.mkdir(parents=True, exist_ok=True)
