@@ -276,12 +276,15 @@ def save_png(figure, path: Path) -> None:
     write_bytes_atomic(path, buffer.getvalue(), durable=False)   # a rerun recreates it: no fsync
 
 
+MATPLOTLIB_MISSING = ("matplotlib is not installed; run `bash tools/bootstrap.sh` (a plain `pip install "
+                      "matplotlib` would replace Pillow-SIMD with stock Pillow)")
+
+
 def pyplot():
     try:
         import matplotlib
     except ImportError:
-        sys.exit("report: error: matplotlib is not installed; run `bash tools/bootstrap.sh` (a plain "
-                 "`pip install matplotlib` would replace Pillow-SIMD with stock Pillow)")
+        sys.exit(f"report: error: {MATPLOTLIB_MISSING}")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

@@ -143,8 +143,8 @@ def complete(dest: Path, python_version: str, elsewhere: set[str] = frozenset())
     while True:
         present = {distribution(w) for w in dest.glob("*.whl")} | NODE_HAS | set(elsewhere)
         missing = sorted({spec for wheel in dest.glob("*.whl") for spec in requirements(wheel, python_version)
-                          if normalized(requirement_name(spec)) not in present
-                          and not DALI_OPTIONAL.match(normalized(requirement_name(spec)))})
+                          if (name := normalized(requirement_name(spec))) not in present
+                          and not DALI_OPTIONAL.match(name)})
         if not missing:
             return
         pip_download(missing, dest, python_version)

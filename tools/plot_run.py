@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from benchmarks.report import MATPLOTLIB_MISSING  # noqa: E402
 from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 from training.run_log import cannot_write  # noqa: E402
 
@@ -65,8 +66,7 @@ def draw(runs: dict[str, list[dict]]) -> bytes:
     try:
         import matplotlib
     except ImportError:     # a GPU image without it: one line, as benchmarks/report.py says it
-        raise PlotError("matplotlib is not installed; run `bash tools/bootstrap.sh` (a plain `pip install "
-                        "matplotlib` would replace Pillow-SIMD with stock Pillow)") from None
+        raise PlotError(MATPLOTLIB_MISSING) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
