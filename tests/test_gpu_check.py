@@ -2,6 +2,7 @@
 outcome, and the summary it writes from a check's logs and results (the GPU stages
 themselves run in tests/test_cuda.py and on a GPU machine)."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0():
 
 def test_a_rehearsal_runs_the_stages_without_cuda(tmp_path):
     """GPU_CHECK_WITHOUT_CUDA=1 (tools/rehearse_lease.sh): it goes on to the stages and the report."""
-    env = {**__import__("os").environ, "GPU_CHECK_WITHOUT_CUDA": "1"}
+    env = {**os.environ, "GPU_CHECK_WITHOUT_CUDA": "1"}
     result = subprocess.run([sys.executable, str(TOOLS / "gpu_check.py"), "--stages", "report", "--work",
                              str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")],
                             capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
