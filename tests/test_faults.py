@@ -249,6 +249,23 @@ def test_a_loader_worker_killed_mid_epoch_is_one_line_naming_the_backend_not_a_h
     assert "error: rank 0: webdataset loader" in line and "out-of-memory killer" in line, line
 
 
+def test_a_worker_death_signalled_while_exiting_does_not_follow_the_line_with_a_traceback():
+    """The race behind one failure of the test above: torch's SIGCHLD handler raised while exit_now
+    was printing its line. Here a handler that raises as torch's does is installed, and a SIGCHLD
+    arrives while exit_now flushes stdout: the line alone comes out, and the exit code."""
+    code = (f"import os, signal, sys; sys.path.insert(0, {str(ROOT)!r}); from training import main\n"
+            "def handler(*_): raise RuntimeError('DataLoader worker (pid 1) is killed by signal: Killed.')\n"
+            "signal.signal(signal.SIGCHLD, handler)\n"
+            "class Stdout:\n"
+            "    def write(self, text): return len(text)\n"
+            "    def flush(self): os.kill(os.getpid(), signal.SIGCHLD); [None for _ in range(1000)]\n"
+            "sys.stdout = Stdout()\n"
+            "main.exit_now('error: rank 0: webdataset loader, train split: a worker process died')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert (result.returncode, result.stderr) == (1, "error: rank 0: webdataset loader, train split: a worker "
+                                                     "process died\n"), result.stderr[-2000:]
+
+
 def test_every_way_torch_reports_a_dead_worker_is_taken_for_one_and_a_workers_own_error_is_not():
     """Which error a killed worker causes depends on where the main process is: torch's SIGCHLD
     handler (a RuntimeError), or, in the middle of fetching a batch's shared tensor from the dead

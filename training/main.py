@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -82,10 +83,17 @@ def finish(message: str, code: int) -> int:
 
 
 def exit_now(message: str) -> None:
-    print(message, file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(FAULT)
+    """The one-line message, then exit at once. torch's DataLoader SIGCHLD handler raises wherever
+    this process is when a worker dies: once it did between print's pieces, so a traceback
+    followed the line (a fresh clone's make test, 2026-11-26). Here the handler goes first and
+    the line is one write; an exception before that cannot stop the exit."""
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os.write(2, f"{message}\n".encode())
+        os._exit(FAULT)
 
 
 def algorithms_from_config(settings: dict):
