@@ -165,12 +165,22 @@ def convert(form: str, source: Path, cache: Path) -> Path:
     return out
 
 
-def main() -> int:
+def known_backends(text: str) -> list[str]:
+    """An argparse type: comma-separated names of bounds and configurations."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in CONFIGURATIONS and name not in BOUNDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown backend {unknown[0]!r}; choose from "
+                                         f"{', '.join([*BOUNDS, *CONFIGURATIONS])}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=ROOT / "data" / "sample" / "photos",
                         help="ImageNet-layout folder (make demo writes data/sample/photos)")
     parser.add_argument("--cache", type=Path, default=ROOT / "data" / "bench", help="where conversions are kept")
-    parser.add_argument("--backends", default="decode_bound,gpu_decode_bound,folder,webdataset,webdataset-plain,webdataset-pillow,ffcv,ffcv-proportion,"
+    parser.add_argument("--backends", type=known_backends, default="decode_bound,gpu_decode_bound,folder,webdataset,webdataset-plain,webdataset-pillow,ffcv,ffcv-proportion,"
                         "ffcv-bare,dali-folder,dali-wds,dali-bare",
                         help="comma-separated: " + ", ".join([*BOUNDS, *CONFIGURATIONS]))
     parser.add_argument("--splits", default="train,val")
@@ -185,14 +195,16 @@ def main() -> int:
                         help="dali on CUDA: shares of JPEGs for the hardware decoder, comma-separated (default 0.65)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(json.loads(args.one))))
         return 0
-    backends = args.backends.split(",")
-    unknown = [name for name in backends if name not in CONFIGURATIONS and name not in BOUNDS]
-    if unknown:
-        parser.error(f"unknown backend {unknown[0]!r}; choose from {', '.join([*BOUNDS, *CONFIGURATIONS])}")
+    backends = list(args.backends)
     import torch
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available on this machine")

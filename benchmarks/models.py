@@ -159,7 +159,7 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=listed(MODELS), default=list(MODELS))
     parser.add_argument("--resolutions", type=listed(None, positive_int), default=[128, 160, 224])
@@ -175,6 +175,11 @@ def main() -> int:
     parser.add_argument("--instance-type", help="names this machine in the results (e.g. p4d.24xlarge)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration, print JSON
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if args.one:
         try:

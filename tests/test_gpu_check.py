@@ -158,15 +158,37 @@ def test_the_e2e_epochs_are_where_resnet50_mild_trains_at_those_sides():
         {side: side for side in gpu_check.E2E_EPOCHS}
 
 
-def test_every_diagnose_command_parses_with_its_overrides(tmp_path):
-    """gpu-check puts overrides after diagnose's options (compile=true after --epoch): each must
-    reach diagnose as an override, not end the run with 'unrecognized arguments' on the GPU."""
-    import diagnose
-    commands = [command for stage in gpu_check.stages(tmp_path, tmp_path).values() for command, _ in stage
-                if command[1] == "tools/diagnose.py"]
-    assert len(commands) == 8
+def test_every_stage_command_parses_with_the_tool_it_runs(tmp_path):
+    """A misspelt option or override in a stage costs that stage of a GPU lease; each command is
+    parsed here by the parser of the tool it runs, and every override (put after the tools'
+    options: compile=true after --epoch) loads into the recipe's config as the run would."""
+    import compare_settings, convert_wds, diagnose, make_sample_data  # noqa: E401
+    from benchmarks import loaders, models
+    from training import main as training_main
+    from training.config import load_config
+    parsers = {"benchmarks/loaders.py": loaders.build_parser().parse_args,
+               "benchmarks/models.py": models.build_parser().parse_args,
+               "tools/make_sample_data.py": make_sample_data.build_parser().parse_args,
+               "tools/convert_wds.py": convert_wds.build_parser().parse_args,
+               "tools/diagnose.py": diagnose.parse_args, "tools/compare_settings.py": compare_settings.parse_args,
+               "training/main.py": training_main.parse_args}
+    commands = [command for stage in gpu_check.stages(tmp_path, tmp_path).values() for command, _ in stage]
+    tools_run = []
     for command in commands:
-        assert diagnose.parse_args(command[2:]).overrides == [a for a in command[2:] if "=" in a and a[0] != "-"]
+        if command[1:3] == ["-m", "pytest"]:
+            assert (ROOT / command[-1 - command[::-1].index("tests/test_cuda.py")]).is_file()
+            continue
+        script = next(arg for arg in command if arg in parsers or arg.endswith(".py"))
+        assert script in parsers, f"{script}: a stage runs a tool this test does not parse"
+        arguments = command[command.index(script) + 1:]
+        args = parsers[script](arguments)
+        tools_run.append(script)
+        if hasattr(args, "overrides"):
+            assert args.overrides == [a for before, a in zip(["", *arguments], arguments)
+                                      if "=" in a and a[0] != "-" and before != "--setting"], command
+            config = load_config(str(ROOT / args.config), args.overrides)
+            training_main.algorithms_from_config(config.algorithms)
+    assert set(tools_run) == set(parsers) and tools_run.count("tools/diagnose.py") == 8
 
 
 def test_the_compare_stage_parses_and_each_setting_is_one_the_recipe_takes(tmp_path):

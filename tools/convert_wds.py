@@ -168,14 +168,18 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
                                                "bytes": sum((out / f).stat().st_size for f in files)})
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = common_parser(__doc__.splitlines()[0])
     parser.add_argument("--shard-size-mb", type=float, default=256, help="largest shard size in MiB")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train split's write order")
     parser.add_argument("--restart-markers", action=argparse.BooleanOptionalAction, default=True,
                         help="store each JPEG with a restart marker after every MCU (lossless), so the decode "
                              "engine decodes only the MCUs a crop needs")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.shard_size_mb <= 0:
         raise ConversionError(f"--shard-size-mb must be > 0, got {args.shard_size_mb}")
     return run_conversion(args, "webdataset", ("webdataset", "nvidia-dali-cuda120"), convert_split)

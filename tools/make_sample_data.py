@@ -293,7 +293,7 @@ DEFAULT_SETS = ("fashion", "photos")   # `all`: photos-large only when named
 
 
 # --- command line ----------------------------------------------------------------------------
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="+", metavar="NAME", choices=[*SETS, "all"],
                         help="fashion, photos, photos-large or all (fashion and photos)")
@@ -304,6 +304,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="processes rendering photo tiles; default: all cores")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
