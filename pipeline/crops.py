@@ -64,6 +64,19 @@ def sample_uniforms(seed: int, epoch: int, sample_id: int) -> np.ndarray:
     return np.random.default_rng(sample_seed(seed, epoch, sample_id)).random(UNIFORMS_PER_SAMPLE)
 
 
+def compiled_sample_uniforms():
+    """`sample_uniforms` compiled (pipeline/sample_uniforms.c) as a ctypes function, which numba
+    code can call: f(seed, epoch, sample_id, out.ctypes.data, len(out)) fills `out` (float64)."""
+    import ctypes
+    from pathlib import Path
+
+    from pipeline.native import load_library
+    function = load_library(Path(__file__).with_name("sample_uniforms.c"), libraries=()).sample_uniforms
+    function.argtypes = [ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int]
+    function.restype = None
+    return function
+
+
 def train_crop(height: int, width: int, scale, ratio, uniforms) -> tuple[tuple[int, int, int, int], bool]:
     """The crop box and whether to flip, for one training sample."""
     box = random_resized_crop(height, width, scale[0], scale[1], math.log(ratio[0]), math.log(ratio[1]), uniforms)

@@ -15,7 +15,7 @@ from PIL import Image
 from pipeline import LoaderSpec, build_loader, decode_engine, jpeg_roi
 from pipeline.backends.webdataset import StoredShards
 from pipeline.colout import kept_indices, sample_generator
-from pipeline.crops import center_crop, sample_uniforms, train_crop
+from pipeline.crops import UNIFORMS_PER_SAMPLE, center_crop, compiled_sample_uniforms, sample_uniforms, train_crop
 from pipeline.datasets import read_converted
 from pipeline.worker_decode import _pil_crop
 
@@ -48,14 +48,17 @@ def test_crops_are_those_of_pipeline_crops():
             assert engine == expected, (split, height, width)
 
 
-def test_the_engine_draws_numpys_uniforms():
-    """The engine draws each sample's uniforms in C (numpy_random.h): numpy's default_rng
-    stream, bit for bit, for any seed, epoch and sample id."""
+def test_the_engine_and_ffcvs_decoder_draw_numpys_uniforms():
+    """The engine and FFCV's decoder (pipeline/sample_uniforms.c) draw each sample's uniforms in
+    C (numpy_random.h): numpy's default_rng stream, bit for bit, for any seed, epoch and sample id."""
     rng = np.random.default_rng(1)
     triples = [(0, 0, 0), (2**31, 10**6, 2**40), *rng.integers(0, 10**7, (500, 3)).tolist()]
+    for_ffcv, drawn = compiled_sample_uniforms(), np.empty(UNIFORMS_PER_SAMPLE)
     for seed, epoch, sample_id in triples:
-        assert np.array_equal(decode_engine.engine_uniforms(seed, epoch, sample_id),
-                              sample_uniforms(seed, epoch, sample_id)), (seed, epoch, sample_id)
+        expected = sample_uniforms(seed, epoch, sample_id)
+        for_ffcv(seed, epoch, sample_id, drawn.ctypes.data, len(drawn))
+        assert np.array_equal(decode_engine.engine_uniforms(seed, epoch, sample_id), expected), (seed, epoch, sample_id)
+        assert np.array_equal(drawn, expected), (seed, epoch, sample_id)
 
 
 @pytest.mark.parametrize("split,side", [("train", 160), ("train", 64), ("val", 224), ("val", 96)])

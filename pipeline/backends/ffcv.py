@@ -2,9 +2,10 @@
 
 What we add to FFCV, and why:
 - `SeededRandomResizedCrop`, a decoder that draws each sample's crop and flip from a seed
-  of (seed, epoch, sample id). FFCV's own RandomResizedCrop and flip draw from numba's
-  per-thread global RNG, which nothing seeds: their augmentations differ on every run and
-  a resumed epoch could not repeat them. The epoch reaches the compiled code through a
+  of (seed, epoch, sample id), the same numbers as every other backend (pipeline.crops's,
+  through its C copy: numba has no numpy Generator). FFCV's own RandomResizedCrop and flip
+  draw from numba's per-thread global RNG, which nothing seeds: their augmentations differ
+  on every run and a resumed epoch could not repeat them. The epoch reaches the compiled code through a
   one-element array that the numba code reads by address at run time (globals and closure
   values are frozen into numba code when it compiles, and recompiling costs ~5 s).
 - Our traversal order (`pipeline.sharding`) in place of FFCV's: its `distributed=True`
@@ -34,7 +35,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from pipeline.base import Loader
-from pipeline.crops import UNIFORMS_PER_SAMPLE, random_resized_crop, sample_seed
+from pipeline.crops import UNIFORMS_PER_SAMPLE, compiled_sample_uniforms, random_resized_crop
 from pipeline.datasets import DatasetError, read_converted
 from pipeline.sharding import batch_count, rank_samples
 from pipeline.spec import LoaderSpec
@@ -65,7 +66,7 @@ class SeededRandomResizedCrop(ResizedCropRGBImageDecoder):
     def generate_code(self):
         jpg, memory_read, parallel_range = IMAGE_MODES["jpg"], self.memory_read, Compiler.get_iterator()
         decode_jpeg, crop_and_resize = Compiler.compile(imdecode), Compiler.compile(resize_crop)
-        crop_box, seed_of = Compiler.compile(random_resized_crop), Compiler.compile(sample_seed)
+        crop_box, draw_uniforms = Compiler.compile(random_resized_crop), compiled_sample_uniforms()
         epoch_address, seed = self.epoch.ctypes.data, self.seed
         scale_lo, scale_hi = self.scale
         log_ratio_lo, log_ratio_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
@@ -75,8 +76,8 @@ class SeededRandomResizedCrop(ResizedCropRGBImageDecoder):
             epoch = _read_int64(epoch_address)
             for slot in parallel_range(len(batch_indices)):
                 sample_id = batch_indices[slot]
-                np.random.seed(seed_of(seed, epoch, sample_id))
-                uniforms = np.random.random(UNIFORMS_PER_SAMPLE)
+                uniforms = np.empty(UNIFORMS_PER_SAMPLE)
+                draw_uniforms(seed, epoch, sample_id, uniforms.ctypes.data, UNIFORMS_PER_SAMPLE)
                 field = metadata[sample_id]
                 data = memory_read(field["data_ptr"], storage_state)
                 height, width = np.uint32(field["height"]), np.uint32(field["width"])
