@@ -19,7 +19,9 @@ applies at the next epoch without recompiling. ColOut acts on the uint8 batch.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import queue
 
 import numpy as np
 import torch
@@ -163,6 +165,26 @@ class FFCVLoader(Loader):
         self.order.order = self._ids[start * self.spec.batch_size:].astype(np.uint64)
         self.ffcv.first_traversal_order = self.order.order   # what FFCV's len() counts
         self.ffcv.next_epoch = epoch
-        for index, (images, labels) in enumerate(self.ffcv, start):
-            images = self._colout(images, index)
-            yield index, self._to_model_input(images), labels.to(self.device, torch.int64, copy=True).view(-1)
+        epoch_thread = iter(self.ffcv)
+        try:
+            for index, (images, labels) in enumerate(epoch_thread, start):
+                images = self._colout(images, index)
+                yield index, self._to_model_input(images), labels.to(self.device, torch.int64, copy=True).view(-1)
+        finally:
+            _stop(epoch_thread)
+
+
+def _stop(epoch_thread) -> None:
+    """Ends an FFCV epoch thread left mid-epoch, now. Left alone it goes on making batches (it
+    checks its `terminate_event` only when its queue is full) and, as a daemon, may still be in
+    torch's C++ when the interpreter finalizes: taking the GIL then unwinds the thread through a
+    noexcept frame, and the process aborts (exit 134, "terminate called without an active
+    exception", after all its work was done; 1 in 4 exits of a process that also used the folder
+    backend, Python 3.11). Its next batch is made the epoch's end, and the queue drained so that
+    its last put does not block."""
+    epoch_thread.iter_ixes = iter(())
+    epoch_thread.terminate_event.set()
+    while epoch_thread.is_alive():
+        with contextlib.suppress(queue.Empty):
+            epoch_thread.output_queue.get(timeout=0.1)
+    epoch_thread.join()
