@@ -5,9 +5,10 @@ What we add to FFCV, and why:
   of (seed, epoch, sample id), the same numbers as every other backend (pipeline.crops's,
   through its C copy: numba has no numpy Generator). FFCV's own RandomResizedCrop and flip
   draw from numba's per-thread global RNG, which nothing seeds: their augmentations differ
-  on every run and a resumed epoch could not repeat them. The epoch reaches the compiled code through a
-  one-element array that the numba code reads by address at run time (globals and closure
-  values are frozen into numba code when it compiles, and recompiling costs ~5 s).
+  on every run and a resumed epoch could not repeat them. The epoch reaches the compiled
+  code through a one-element array that the numba code reads by address at run time (globals
+  and closure values are frozen into numba code when it compiles, and recompiling costs ~5 s).
+- `_stop`: an epoch left mid-way ends FFCV's epoch thread, which would otherwise run on.
 - Our traversal order (`pipeline.sharding`) in place of FFCV's: its `distributed=True`
   pads like DistributedSampler, so a val epoch would count some samples twice. The order
   is set on the loader object after construction because Loader(order=<TraversalOrder
@@ -179,8 +180,8 @@ def _stop(epoch_thread) -> None:
     checks its `terminate_event` only when its queue is full) and, as a daemon, may still be in
     torch's C++ when the interpreter finalizes: taking the GIL then unwinds the thread through a
     noexcept frame, and the process aborts (exit 134, "terminate called without an active
-    exception", after all its work was done; 1 in 4 exits of a process that also used the folder
-    backend, Python 3.11). Its next batch is made the epoch's end, and the queue drained so that
+    exception", after all its work was done; 3 of 12 exits of a process that had also used the
+    folder backend, Python 3.11). Its next batch is made the epoch's end, and the queue drained so that
     its last put does not block."""
     epoch_thread.iter_ixes = iter(())
     epoch_thread.terminate_event.set()
