@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import queue
+import sys
 
 import numpy as np
 import torch
@@ -182,10 +183,10 @@ def _stop(epoch_thread) -> None:
     noexcept frame, and the process aborts (exit 134, "terminate called without an active
     exception", after all its work was done; 3 of 12 exits of a process that had also used the
     folder backend, Python 3.11). Its next batch is made the epoch's end, and the queue drained so that
-    its last put does not block."""
+    its last put does not block. Not while Python finalizes (a generator left in a reference
+    cycle is closed then): a daemon thread may then have stopped without saying so."""
     epoch_thread.iter_ixes = iter(())
     epoch_thread.terminate_event.set()
-    while epoch_thread.is_alive():
+    while epoch_thread.is_alive() and not sys.is_finalizing():
         with contextlib.suppress(queue.Empty):
             epoch_thread.output_queue.get(timeout=0.1)
-    epoch_thread.join()
