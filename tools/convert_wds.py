@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.shard_size_mb <= 0:
         raise ConversionError(f"--shard-size-mb must be > 0, got {args.shard_size_mb}")
-    return run_conversion(args, "webdataset", ("webdataset", "nvidia-dali-cuda120"), convert_split)
+    return run_conversion(args, "webdataset", ("webdataset",), convert_split)
 
 
 if __name__ == "__main__":
