@@ -35,14 +35,15 @@ SETUP := setup
 gpu-check: $(SETUP)
 	@$(PY) tools/gpu_check.py
 
-# What the GPU check needs on a GPU node without internet whose image has torch, xz-compressed
-# pieces laid out in calls of at most 58 MiB (tools/gpu_bundle.py; docs/benchmarks.md, "On a GPU
-# lease"). GPU_PYTHON: an interpreter of the node's Python version; CUDA: the major version of
-# the node's torch build.
+# What the GPU check needs on a GPU node without internet whose image has torch, packed here as
+# xz-compressed chunks of at most CHUNK_MIB MiB to carry there, and installed there with
+# `python3 tools/gpu_bundle.py install gpu-bundle` (tools/gpu_bundle.py). GPU_PYTHON: an
+# interpreter of the node's Python version; CUDA: the major version of the node's torch build.
 GPU_PYTHON ?= python3.12
 CUDA ?= 13
+CHUNK_MIB ?= 58
 gpu-bundle: setup
-	@$(PY) tools/gpu_bundle.py pack gpu-bundle --python $(GPU_PYTHON) --cuda $(CUDA)
+	@$(PY) tools/gpu_bundle.py pack gpu-bundle --python $(GPU_PYTHON) --cuda $(CUDA) --chunk-mib $(CHUNK_MIB)
 
 # Every package the set-up needs, for an offline install: WHEELHOUSE=DIR bash tools/bootstrap.sh
 WHEELHOUSE ?= wheelhouse

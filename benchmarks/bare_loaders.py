@@ -2,7 +2,7 @@
 bounds: the references `benchmarks/loaders.py` measures our backends against.
 
 - `ffcv_bare`: `ffcv.loader.Loader` with FFCV's RandomResizedCrop/CenterCrop decoder, flip and
-  NormalizeImage (placed before ToTensor: the only order that does not hang on CPU, NOTES).
+  NormalizeImage (placed before ToTensor: after it, FFCV's CPU loader hangs).
 - `dali_bare`: DALI's ResNet-50 example pipeline over the WebDataset shards (reader-side
   shuffle, `image_random_crop` or a center crop, resize, `crop_mirror_normalize`).
 - `decode_bound`: every stored JPEG decoded at full size, no augmentation, one process per

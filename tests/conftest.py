@@ -65,7 +65,7 @@ def run_tool(script: str, *args, check: bool = False, timeout: float = 600) -> s
 
 def run_tool_without(modules: tuple[str, ...], script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:
     """run_tool with `modules` unimportable (None in sys.modules makes `import` raise ImportError), as on
-    a machine without them: a GPU image without matplotlib, a node before DALI's pieces are in."""
+    a machine without them: a GPU image without matplotlib, a node where DALI is not installed yet."""
     code = (f"import runpy, sys; sys.modules.update(dict.fromkeys({modules!r})); sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')")
     return subprocess.run([sys.executable, "-c", code, str(TOOLS / script), *map(str, args)],

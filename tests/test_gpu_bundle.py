@@ -1,4 +1,5 @@
-"""tools/gpu_bundle.py: pieces made here install on a node, and a missing or damaged piece is caught.
+"""tools/gpu_bundle.py and gpu_bundle_install.py: chunks made here install on a node, and a missing or
+damaged chunk is caught.
 
 The packing half downloads DALI and builds FFCV (internet, minutes), so it is exercised by hand
 (docs/benchmarks.md); these tests give it small real wheels, install them with the real pip into a
@@ -7,7 +8,6 @@ site folder, and import them from a fresh interpreter through the env.sh it writ
 from __future__ import annotations
 
 import lzma
-import os
 import secrets
 import shutil
 import subprocess
@@ -21,8 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import gpu_bundle  # noqa: E402
+import gpu_bundle_install  # noqa: E402
 
-PIECE_BYTES = 4096          # several pieces per group, as DALI's 144 MiB makes at 58 MiB
+CHUNK_BYTES = 4096          # several chunks per group, as DALI's 144 MiB makes at the default --chunk-mib
 
 
 def make_wheel(folder: Path, name: str, version: str, files: dict[str, str], requires: tuple = ()) -> Path:
@@ -48,7 +49,7 @@ def make_bundle(tmp_path: Path, photo: bool = True) -> Path:
     base, dali = tmp_path / "src" / "base", tmp_path / "src" / "dali"
     for folder in (base, dali):
         folder.mkdir(parents=True)
-    # random hex: xz halves it, no more, so each group still needs several pieces
+    # random hex: xz halves it, no more, so each group still needs several chunks
     make_wheel(base, "probe-base", "1.0", {
         "probe_base/__init__.py": f"VALUE = 'base'\n# {secrets.token_hex(5000)}\n"})
     make_wheel(base, "pytest", "0.0.1", {"pytest_shadow_probe/__init__.py": ""})
@@ -63,7 +64,7 @@ def make_bundle(tmp_path: Path, photo: bool = True) -> Path:
         "nvidia/probe_dali/__init__.py": f"VALUE = 'dali'\n# {secrets.token_hex(7000)}\n"})
     out = tmp_path / "bundle"
     gpu_bundle.write_bundle(out, {"base": (base, ["probe_base"]), "dali": (dali, ["nvidia.probe_dali"])},
-                            PIECE_BYTES, python="3.x", cuda="13")
+                            CHUNK_BYTES, python="3.x", cuda="13")
     return out
 
 
@@ -72,9 +73,9 @@ def bundle(tmp_path) -> Path:
     return make_bundle(tmp_path)
 
 
-def install(bundle: Path, site: Path, root: Path, env=None) -> subprocess.CompletedProcess:
+def install(bundle: Path, site: Path, root: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_bundle.py"), "install", str(bundle),
-                           "--site", str(site), "--root", str(root)], capture_output=True, text=True, env=env,
+                           "--site", str(site), "--root", str(root)], capture_output=True, text=True,
                           timeout=120)
 
 
@@ -87,17 +88,17 @@ def imported(site: Path, code: str) -> str:
 
 
 @pytest.mark.timeout(180)
-def test_the_pieces_install_into_a_site_that_env_sh_makes_importable(bundle, tmp_path):
-    manifest = gpu_bundle.read_manifest(bundle)
-    assert [len(g["pieces"]) > 1 for g in manifest["groups"].values()] == [True, True], manifest
-    # the calls carry every piece once, in order, base first, none over its limit; dali's first
-    # piece fills what base's last call had left
-    pieces = [p for g in manifest["groups"].values() for p in g["pieces"]]
-    assert [name for call in manifest["calls"] for name in call] == [p["name"] for p in pieces]
-    size = {p["name"]: p["size"] for p in pieces}
-    assert all(sum(size[n] for n in call) <= PIECE_BYTES for call in manifest["calls"])
-    assert manifest["calls"][len(manifest["groups"]["base"]["pieces"]) - 1][-1] == "dali.tar.xz.00"
-    assert sum(size[n] for n in manifest["calls"][0]) == PIECE_BYTES
+def test_the_chunks_install_into_a_site_that_env_sh_makes_importable(bundle, tmp_path):
+    manifest = gpu_bundle_install.read_manifest(bundle)
+    assert [len(g["chunks"]) > 1 for g in manifest["groups"].values()] == [True, True], manifest
+    # the transfers carry every chunk once, in order, base first, none over its limit; dali's first
+    # chunk fills what base's last transfer had left
+    chunks = [c for g in manifest["groups"].values() for c in g["chunks"]]
+    assert [name for transfer in manifest["transfers"] for name in transfer] == [c["name"] for c in chunks]
+    size = {c["name"]: c["size"] for c in chunks}
+    assert all(sum(size[n] for n in transfer) <= CHUNK_BYTES for transfer in manifest["transfers"])
+    assert manifest["transfers"][len(manifest["groups"]["base"]["chunks"]) - 1][-1] == "dali.tar.xz.00"
+    assert sum(size[n] for n in manifest["transfers"][0]) == CHUNK_BYTES
     assert (bundle / "base.tar.xz.00").read_bytes()[:6] == b"\xfd7zXZ\x00"
     site, root = tmp_path / "site", tmp_path / "repo"
     result = install(bundle, site, root)
@@ -112,12 +113,12 @@ def test_the_pieces_install_into_a_site_that_env_sh_makes_importable(bundle, tmp
     env_sh = (site / "env.sh").read_text()
     assert f"CPATH=\"{site}/base/jpeg-kit/usr/include" in env_sh and str(root) in env_sh, env_sh
 
-    again = install(bundle, site, root)             # the next call's: nothing to do
+    again = install(bundle, site, root)             # after the next transfer: nothing new to do
     assert again.returncode == 0 and "base: already installed" in again.stderr, again.stderr
 
     # with env.sh sourced, site's own copies are on the path: they do not count as the node's
-    probe = ("import sys; from pathlib import Path; sys.path.insert(0, 'tools'); import gpu_bundle; "
-             f"print(*(gpu_bundle.node_has(Path(n), Path('{site}')) for n in "
+    probe = ("import sys; from pathlib import Path; sys.path.insert(0, 'tools'); import gpu_bundle_install; "
+             f"print(*(gpu_bundle_install.node_has(Path(n), Path('{site}')) for n in "
              "('probe_base-1.0-py3-none-any.whl', 'pytest-0.0.1-py3-none-any.whl')))")
     result = subprocess.run(["bash", "-c", f"source {site}/env.sh && {sys.executable} -c \"{probe}\""],
                             capture_output=True, text=True, cwd=ROOT, timeout=60)
@@ -125,11 +126,11 @@ def test_the_pieces_install_into_a_site_that_env_sh_makes_importable(bundle, tmp
 
 
 @pytest.mark.timeout(180)
-def test_a_missing_piece_leaves_its_group_out_and_a_damaged_one_is_named(bundle, tmp_path):
+def test_a_missing_chunk_leaves_its_group_out_and_a_damaged_one_is_named(bundle, tmp_path):
     site, root = tmp_path / "site", tmp_path / "repo"
-    last = bundle / gpu_bundle.read_manifest(bundle)["groups"]["dali"]["pieces"][-1]["name"]
+    last = bundle / gpu_bundle_install.read_manifest(bundle)["groups"]["dali"]["chunks"][-1]["name"]
     kept = last.read_bytes()
-    last.unlink()                                   # its call has not come yet
+    last.unlink()                                   # its transfer has not come yet
     result = install(bundle, site, root)
     assert result.returncode == 0, result.stderr
     assert f"missing {last.name}" in result.stderr and not (site / "dali").exists()
@@ -163,35 +164,17 @@ def test_wheels_are_stored_whole_and_either_xz_gives_what_tarfile_reads(tmp_path
             assert tar.getnames() == [wheel.name]
 
 
-def test_a_manifest_of_the_old_format_asks_to_pack_again(tmp_path):
-    (tmp_path / "MANIFEST.json").write_text('{"format": 1, "groups": {}}')
+def test_a_manifest_of_an_older_format_asks_to_pack_again(tmp_path):
+    (tmp_path / "MANIFEST.json").write_text('{"format": 2, "groups": {}}')
     result = install(tmp_path, tmp_path / "site", tmp_path)
-    assert result.returncode == 2 and "not a gpu_bundle manifest of format 2; pack it again" in result.stderr
+    assert result.returncode == 2 and "not a gpu_bundle manifest of format 3; pack it again" in result.stderr
 
 
 def test_a_folder_without_the_manifest_is_one_line_naming_it(tmp_path):
-    (tmp_path / "base.tar.xz.00").write_bytes(b"piece")
+    (tmp_path / "base.tar.xz.00").write_bytes(b"chunk")
     result = install(tmp_path, tmp_path / "site", tmp_path)
     assert result.returncode == 2 and result.stderr.strip() == \
-        f"error: no MANIFEST.json in {tmp_path}: carry it with the pieces", result.stderr
-
-
-@pytest.mark.timeout(180)
-def test_a_gpu_session_installs_what_came_and_packs_the_results_for_the_trip_back(tmp_path):
-    """tools/gpu_session.sh on this machine: gpu_check says there is no CUDA and exits 0; the
-    bundle is installed, and the results folder, seeded from the repository's, comes back packed.
-    (No photograph in this bundle: the session puts them into this repository's data/.)"""
-    keep = tmp_path / "keep"
-    env = {**os.environ, "BUNDLE": str(make_bundle(tmp_path, photo=False)), "KEEP": str(keep), "PYTHON": sys.executable,
-           "DEADLINE": "120"}       # passed on as gpu_check's --deadline-at
-    result = subprocess.run(["bash", str(ROOT / "tools" / "gpu_session.sh"), "report"], capture_output=True,
-                            text=True, env=env, timeout=150)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "import nvidia.probe_dali: ok" in result.stderr and "gpu_check exit 0" in result.stderr
-    with tarfile.open(keep / "gpu-results.tgz") as packed:
-        names = packed.getnames()
-    committed = sorted(p.name for p in (ROOT / "benchmarks" / "results").glob("*.jsonl"))
-    assert committed and all(f"results/{name}" in names for name in committed), names
+        f"error: no MANIFEST.json in {tmp_path}: copy it with the chunks", result.stderr
 
 
 @pytest.mark.timeout(180)
@@ -209,11 +192,11 @@ def test_pack_completes_a_group_with_what_its_wheels_require_on_the_node(tmp_pat
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     gpu_bundle.complete(dest, "3.12")
-    assert sorted(gpu_bundle.distribution(w) for w in dest.glob("*.whl")) == [
+    assert sorted(gpu_bundle_install.distribution(w) for w in dest.glob("*.whl")) == [
         "app", "dep-a", "dep-b", "dep-new-python"]
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     make_wheel(elsewhere, "app", "1.0", {"app/__init__.py": ""}, requires=("dep-a", "dep-c"))
     gpu_bundle.complete(elsewhere, "3.11", {"dep-a", "dep-b"})   # another group holds them
-    assert sorted(gpu_bundle.distribution(w) for w in elsewhere.glob("*.whl")) == ["app", "dep-c"]
+    assert sorted(gpu_bundle_install.distribution(w) for w in elsewhere.glob("*.whl")) == ["app", "dep-c"]

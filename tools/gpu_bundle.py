@@ -1,16 +1,19 @@
-"""What `make gpu-check` needs on a GPU node without internet, packed here in pieces of a size you choose.
+"""What `make gpu-check` needs on a GPU node without internet, packed here in chunks for transfer.
 
-A GPU image that already holds Python, torch (CUDA), numpy, numba, Pillow and OpenCV (an
-NGC-style container; the GPU machines lent to us: Python 3.12, torch 2.11+cu130, where one call
-carries at most 64 MiB) lacks DALI, webdataset, simplejpeg, FFCV, the libjpeg-turbo headers our
-C engine compiles against, and the photographs tools/make_sample_data.py cuts its sets from.
+For a GPU node without internet whose image already has Python, torch (CUDA), numpy, numba,
+Pillow and OpenCV (an NGC-style container, say), and which you may have for a few minutes at a
+time: the image lacks DALI, webdataset, simplejpeg, FFCV, the libjpeg-turbo headers our C
+engine compiles against, and the photographs tools/make_sample_data.py cuts its sets from.
+`pack` gathers them here, where there is internet, into chunks of at most --chunk-mib MiB, for
+however you carry files to the node; `install` (tools/gpu_bundle_install.py) sets them up
+there with the node's own Python, a group at a time as its chunks arrive.
 
-    python tools/gpu_bundle.py pack [OUT] [--python python3.12] [--cuda 13] [--piece-mib 58]
+    python tools/gpu_bundle.py pack [OUT] [--python python3.12] [--cuda 13] [--chunk-mib 58]
     python3 tools/gpu_bundle.py install DIR [--site /tmp/site]      (on the node, repository root)
     source /tmp/site/env.sh                                           (then make gpu-check PY=python3 SETUP=)
 
-`pack` (default OUT: gpu-bundle/) makes two groups, each an xz-compressed tar cut into pieces,
-and MANIFEST.json with every piece's size and sha256 and the calls that carry them:
+`pack` (default OUT: gpu-bundle/) makes two groups, each an xz-compressed tar cut into chunks,
+and MANIFEST.json with every chunk's size and sha256:
 - base: the FFCV wheel (tools/ffcv_wheel.sh) and its small dependencies, webdataset,
   simplejpeg, pytest and its plugins, a libjpeg-turbo kit (headers and library,
   from Debian packages) and the 23 source photographs (about 21 MiB). Every stage but DALI's
@@ -22,22 +25,15 @@ and MANIFEST.json with every piece's size and sha256 and the calls that carry th
   (JPEG needs none of them).
 The wheels go in stored, not deflated, so that xz -9 sees their libraries whole: DALI 2.4.0's
 group shrinks from 223 MiB of wheels to 144 MiB, and the node spends about 5 s unpacking it.
-The pieces are laid out call by call, base first, each call at most a piece's size, the first
-piece of a group filling what the call before had left (manifest "calls"): at 58 MiB the
-bundle takes three calls, where the plain wheels, a group to a call, took five.
-`install` checks whatever pieces DIR holds against the manifest and installs each complete
-group into SITE/<group> (pip --no-index --no-deps --target; a wheel whose distribution the node
-already has is skipped, so the image's own builds are never shadowed), puts the photographs
-where make_sample_data and the tests look (data/sample/.debian), and writes SITE/env.sh. A
-group with a piece missing is reported and left out; a damaged piece stops the install with a
-one-line error naming it (what was installed stays); a group installed before from the same
-pieces is kept, any other replaced whole. docs/benchmarks.md ("On a GPU lease") gives the
-calls.
+The manifest's "transfers" suggest which chunks to carry together (`pack` prints them): base
+first, each transfer at most --chunk-mib MiB, a group's first chunk filling what the transfer
+before had left, so that with --chunk-mib 58 the bundle takes three transfers where the plain
+wheels, a group to a transfer, took five. Carry MANIFEST.json with each, and run `install` after
+each: base, carried first, is usable as soon as its chunks are in.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import lzma
 import os
@@ -48,15 +44,14 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pipeline.atomic_files import replace_atomically, write_bytes_atomic  # noqa: E402
+from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+from gpu_bundle_install import (FORMAT, MANIFEST, BundleError, distribution, install,  # noqa: E402
+                                normalized, say, sha256)
 
-MANIFEST = "MANIFEST.json"
-FORMAT = 2          # 2: xz-compressed groups of stored wheels, laid out in calls
 # What the node is taken to have: built against its own CUDA and Python, too big to carry.
 NODE_HAS = {"torch", "numpy", "numba", "llvmlite", "pillow", "opencv-python", "opencv-python-headless"}
 # DALI's optional codec libraries (nvTIFF and nvJPEG2000 decoders, nvCOMP's GPU decompression).
@@ -65,36 +60,13 @@ JPEG_KIT_PACKAGES = ("libjpeg62-turbo", "libjpeg62-turbo-dev")
 # What each group must make importable on the node (kept in the manifest).
 GROUP_IMPORTS = {"base": ["ffcv", "webdataset", "simplejpeg", "pytest", "xdist", "pytest_timeout"],
                  "dali": ["nvidia.dali"]}
-
-
-class BundleError(Exception):
-    """A one-line reason the bundle cannot be made or installed."""
-
-
-def say(message: str) -> None:
-    print(f"[gpu-bundle] {message}", file=sys.stderr, flush=True)
-
-
-def distribution(wheel: Path) -> str:
-    """A wheel file's distribution name, normalized (PEP 503)."""
-    return normalized(wheel.name.split("-")[0])
-
-
-def sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def normalized(name: str) -> str:
-    """A distribution name as PEP 503 compares them."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+DEFAULT_CHUNK_MIB = 58
 
 
 def requirement_name(spec: str) -> str:
     return re.split(r"[\s\[<>=~!;]", spec, maxsplit=1)[0].lower()
 
 
-# --- pack (here, with internet) ---------------------------------------------------------------
 def run(command: list, what: str, cwd=None) -> None:
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -172,7 +144,6 @@ def gather_base(dest: Path, python: str, python_version: str) -> None:
         run(["apt-get", "download", *JPEG_KIT_PACKAGES], "apt-get download", cwd=debs)
         for deb in Path(debs).glob("*.deb"):
             run(["dpkg", "-x", str(deb), str(kit)], f"dpkg -x {deb.name}")
-    sys.path.insert(0, str(ROOT / "tools"))
     from debian_packages import DebianPackageError, package_root
     from make_sample_data import PHOTO_SOURCES, largest_image
     cache = ROOT / "data" / "sample" / ".debian"
@@ -215,10 +186,10 @@ def compress_xz(source: Path, target: Path, program: str | None = shutil.which("
         shutil.copyfileobj(whole, out, 1 << 20)
 
 
-def write_group(name: str, folder: Path, out: Path, piece_bytes: int, imports: list[str],
-                first_piece_bytes: int) -> dict:
-    """Tar `folder` (its wheels stored), xz it and cut it into out/<name>.tar.xz.NN, the first piece
-    at most first_piece_bytes; returns the group's manifest entry."""
+def write_group(name: str, folder: Path, out: Path, chunk_bytes: int, imports: list[str],
+                first_chunk_bytes: int) -> dict:
+    """Tar `folder` (its wheels stored), xz it and cut it into out/<name>.tar.xz.NN, the first chunk
+    at most first_chunk_bytes; returns the group's manifest entry."""
     for old in out.glob(f"{name}.tar.*"):
         old.unlink()
     for wheel in folder.glob("*.whl"):
@@ -229,43 +200,43 @@ def write_group(name: str, folder: Path, out: Path, piece_bytes: int, imports: l
             tar.add(path, arcname=str(path.relative_to(folder)), recursive=False)
     compress_xz(tar_path, xz_path)
     tar_path.unlink()
-    pieces, size = [], xz_path.stat().st_size
+    chunks, size = [], xz_path.stat().st_size
     with open(xz_path, "rb") as whole:
-        limit = first_piece_bytes
-        while chunk := whole.read(limit):
-            piece = out / f"{name}.tar.xz.{len(pieces):02d}"
-            write_bytes_atomic(piece, chunk, durable=False)
-            pieces.append({"name": piece.name, "size": len(chunk), "sha256": sha256(piece)})
-            limit = piece_bytes
-    entry = {"size": size, "sha256": sha256(xz_path), "pieces": pieces, "imports": imports,
+        limit = first_chunk_bytes
+        while data := whole.read(limit):
+            chunk = out / f"{name}.tar.xz.{len(chunks):02d}"
+            write_bytes_atomic(chunk, data, durable=False)
+            chunks.append({"name": chunk.name, "size": len(data), "sha256": sha256(chunk)})
+            limit = chunk_bytes
+    entry = {"size": size, "sha256": sha256(xz_path), "chunks": chunks, "imports": imports,
              "wheels": sorted(p.name for p in folder.glob("*.whl"))}
     xz_path.unlink()
     return entry
 
 
-def write_bundle(out: Path, groups: dict[str, tuple[Path, list[str]]], piece_bytes: int, **about) -> dict:
-    """Each group (name -> (folder, modules it must make importable)) as pieces, laid out in calls
-    of at most piece_bytes each, then the manifest."""
+def write_bundle(out: Path, groups: dict[str, tuple[Path, list[str]]], chunk_bytes: int, **about) -> dict:
+    """Each group (name -> (folder, modules it must make importable)) as chunks, laid out in
+    transfers of at most chunk_bytes each, then the manifest."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)          # never an old manifest beside new pieces
-    manifest = {"format": FORMAT, **about, "groups": {}, "calls": []}
-    calls, room = manifest["calls"], 0                # room: what the last call can still carry
+    (out / MANIFEST).unlink(missing_ok=True)          # never an old manifest beside new chunks
+    manifest = {"format": FORMAT, **about, "groups": {}, "transfers": []}
+    transfers, room = manifest["transfers"], 0        # room: what the last transfer can still carry
     for name, (folder, imports) in groups.items():
-        group = write_group(name, folder, out, piece_bytes, imports, room or piece_bytes)
+        group = write_group(name, folder, out, chunk_bytes, imports, room or chunk_bytes)
         manifest["groups"][name] = group
-        for index, piece in enumerate(group["pieces"]):
+        for index, chunk in enumerate(group["chunks"]):
             if index == 0 and room:
-                calls[-1].append(piece["name"])
-                room -= piece["size"]
+                transfers[-1].append(chunk["name"])
+                room -= chunk["size"]
             else:
-                calls.append([piece["name"]])
-                room = piece_bytes - piece["size"]
-        say(f"{name}: {len(group['pieces'])} piece(s), {group['size'] / 2**20:.0f} MiB")
+                transfers.append([chunk["name"]])
+                room = chunk_bytes - chunk["size"]
+        say(f"{name}: {len(group['chunks'])} chunk(s), {group['size'] / 2**20:.0f} MiB")
     write_bytes_atomic(out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
 
 
-def pack(out: Path, python: str, cuda: str, piece_mib: int) -> dict:
+def pack(out: Path, python: str, cuda: str, chunk_mib: int) -> dict:
     version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True)
     if version.returncode != 0:
@@ -281,152 +252,30 @@ def pack(out: Path, python: str, cuda: str, piece_mib: int) -> dict:
         say("dali: gathering")
         gather_dali(dali, cuda, python_version, {distribution(w) for w in base.glob("*.whl")})
         return write_bundle(out, {"base": (base, GROUP_IMPORTS["base"]), "dali": (dali, GROUP_IMPORTS["dali"])},
-                            piece_mib << 20, python=python_version, cuda=cuda)
-
-
-# --- install (on the node) --------------------------------------------------------------------
-def read_manifest(folder: Path) -> dict:
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise BundleError(f"no {MANIFEST} in {folder}: carry it with the pieces") from None
-    except json.JSONDecodeError as error:
-        raise BundleError(f"{folder / MANIFEST} is not JSON ({error})") from None
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("groups"), dict):
-        raise BundleError(f"{folder / MANIFEST}: not a gpu_bundle manifest of format {FORMAT}; pack it again")
-    return manifest
-
-
-def checked_pieces(folder: Path, name: str, group: dict) -> list[Path] | None:
-    """The group's pieces, each checked; None when some are not here yet."""
-    paths = [folder / p["name"] for p in group["pieces"]]
-    missing = [p.name for p in paths if not p.exists()]
-    if missing:
-        say(f"{name}: {len(paths) - len(missing)} of {len(paths)} pieces here, not installed "
-            f"(missing {', '.join(missing)})")
-        return None
-    for path, piece in zip(paths, group["pieces"]):
-        if path.stat().st_size != piece["size"] or sha256(path) != piece["sha256"]:
-            raise BundleError(f"{path}: size or sha256 differs from {MANIFEST}; copy this piece again")
-    return paths
-
-
-def node_has(wheel: Path, site: Path) -> bool:
-    """Whether this Python already has the wheel's distribution, from somewhere other than site
-    (an env.sh sourced before puts site's own copies on the path)."""
-    try:
-        found = Path(metadata.distribution(distribution(wheel)).locate_file("")).resolve()
-    except metadata.PackageNotFoundError:
-        return False
-    return site.resolve() not in (found, *found.parents)
-
-
-def install_group(name: str, pieces: list[Path], site: Path, root: Path, group_sha256: str) -> list[str]:
-    """Join, unpack and install one group into site/name; returns what it installed."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=site))
-    try:
-        tar_path = staging / "group.tar.xz"
-        with open(tar_path, "wb") as whole:
-            for piece in pieces:
-                with open(piece, "rb") as f:
-                    shutil.copyfileobj(f, whole)
-        with tarfile.open(tar_path) as tar:
-            tar.extractall(staging / "files", filter="data")
-        files = staging / "files"
-        wheels = sorted(files.glob("*.whl"))
-        wanted = [w for w in wheels if not node_has(w, site)]
-        target = staging / name
-        target.mkdir()
-        if wanted:
-            command = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
-                       "--no-deps", "--no-compile", "--no-cache-dir", "--target", str(target), *map(str, wanted)]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise BundleError(f"{name}: pip install failed: {result.stderr.strip().splitlines()[-1][:300]}")
-        # A namespace package's __init__ would hide the node's own nvidia.* CUDA libraries.
-        (target / "nvidia" / "__init__.py").unlink(missing_ok=True)
-        if (files / "jpeg-kit").is_dir():
-            os.replace(files / "jpeg-kit", target / "jpeg-kit")
-        if (files / "photos").is_dir():
-            cache = root / "data" / "sample" / ".debian"
-            for photo in sorted((files / "photos").rglob("*")):
-                destination = cache / photo.relative_to(files / "photos")
-                if photo.is_file() and not destination.exists():
-                    destination.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(photo, destination)
-        (target / ".bundle-sha256").write_text(group_sha256)
-        replace_atomically(target, site / name)
-        return [w.name for w in wanted]
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def environment(site: Path, root: Path, groups) -> dict[str, str]:
-    """The variables that make the installed groups usable, in env.sh and in the import check."""
-    paths = [str(site / g) for g in groups if (site / g).is_dir()]
-    variables = {"PYTHONPATH": ":".join([*paths, str(root)])}
-    kit = next((kit for kit in (site / g / "jpeg-kit" / "usr" for g in groups) if kit.is_dir()), None)
-    if kit:
-        variables |= {"CPATH": f"{kit}/include:{kit}/include/x86_64-linux-gnu",
-                      "LIBRARY_PATH": f"{kit}/lib/x86_64-linux-gnu", "LD_LIBRARY_PATH": f"{kit}/lib/x86_64-linux-gnu"}
-    return variables
-
-
-def check_imports(modules: list[str], variables: dict[str, str]) -> None:
-    env = dict(os.environ)
-    for key, value in variables.items():
-        env[key] = f"{value}:{env[key]}" if env.get(key) else value
-    for module in modules:
-        result = subprocess.run([sys.executable, "-c", f"import {module}"], env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            last = (result.stderr.strip().splitlines() or ["no message"])[-1]
-            raise BundleError(f"installed, but `import {module}` fails: {last[:300]}")
-        say(f"import {module}: ok")
-
-
-def install(folder: Path, site: Path, root: Path) -> list[str]:
-    """Install every complete group found in folder; returns the groups installed."""
-    manifest = read_manifest(folder)
-    site.mkdir(parents=True, exist_ok=True)
-    installed = []
-    for name, group in manifest["groups"].items():
-        stamp = site / name / ".bundle-sha256"
-        if stamp.is_file() and stamp.read_text() == group["sha256"]:
-            say(f"{name}: already installed in {site / name}")
-            continue
-        pieces = checked_pieces(folder, name, group)
-        if pieces is not None:
-            wheels = install_group(name, pieces, site, root, group["sha256"])
-            say(f"{name}: installed into {site / name} ({len(wheels)} wheels; the node had the rest)")
-            installed.append(name)
-    variables = environment(site, root, manifest["groups"])
-    lines = [f'export {key}="{value}${{{key}:+:${key}}}"' for key, value in variables.items()]
-    write_bytes_atomic(site / "env.sh", ("\n".join(lines) + "\n").encode())
-    check_imports([m for g in installed for m in manifest["groups"][g].get("imports", [])], variables)
-    say(f"now: source {site / 'env.sh'}")
-    return installed
+                            chunk_mib << 20, python=python_version, cuda=cuda)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    packing = commands.add_parser("pack", help="gather and split the bundle here (needs internet)")
+    packing = commands.add_parser("pack", help="gather the bundle here and cut it into chunks (needs internet)")
     packing.add_argument("out", nargs="?", type=Path, default=ROOT / "gpu-bundle")
     packing.add_argument("--python", default="python3.12", help="an interpreter of the node's Python version")
     packing.add_argument("--cuda", default="13", help="the node's CUDA major version (torch's build)")
-    packing.add_argument("--piece-mib", type=int, default=58, help="most a call carries, MiB (default 58)")
-    installing = commands.add_parser("install", help="check the pieces here and install the complete groups")
+    packing.add_argument("--chunk-mib", type=int, default=DEFAULT_CHUNK_MIB,
+                         help=f"most one transfer carries, MiB (default {DEFAULT_CHUNK_MIB})")
+    installing = commands.add_parser("install", help="check the chunks here and install the complete groups")
     installing.add_argument("folder", type=Path)
     installing.add_argument("--site", type=Path, default=Path("/tmp/site"))
     installing.add_argument("--root", type=Path, default=ROOT, help="the repository the tests and tools run in")
     args = parser.parse_args(argv)
     try:
         if args.command == "pack":
-            if args.piece_mib < 1:
-                parser.error("--piece-mib must be at least 1")
-            manifest = pack(args.out, args.python, args.cuda, args.piece_mib)
-            for number, names in enumerate(manifest["calls"], 1):
-                say(f"call {number} carries {MANIFEST}, " + ", ".join(names))
+            if args.chunk_mib < 1:
+                parser.error("--chunk-mib must be at least 1")
+            manifest = pack(args.out, args.python, args.cuda, args.chunk_mib)
+            for number, names in enumerate(manifest["transfers"], 1):
+                say(f"transfer {number}: {MANIFEST}, " + ", ".join(names))
         else:
             install(args.folder, args.site, args.root)
     except BundleError as error:

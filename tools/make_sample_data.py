@@ -14,7 +14,7 @@ Two sets, both from Debian packages (no internet data set can be fetched here):
   pixel is ever seen in training. OUT/photos/tiles.csv records every tile's source box.
 - photos-large (on request only, not in `make demo`): the same photographs cut into 2,000
   train and 400 val tiles each (46,000 train, 9,200 val; about 1.4 GB): enough images that a
-  GPU loader's epoch lasts seconds (issue 17). Made by all cores (`--jobs`).
+  GPU loader's epoch lasts seconds. Made by all cores (`--jobs`).
 
 Deterministic (the same arguments give byte-identical files) and idempotent: a finished set
 has OUT/NAME/.done.json and a rerun only counts files; an interrupted run resumes, and

@@ -16,7 +16,7 @@ each recipe's curve, the Pareto frontier, speed-up over the baseline at equal qu
 gain at equal time) and sweep.json, the conditions every point shares (overrides, processes,
 machine): an OUT of other conditions is refused, while recipes, durations and seeds can be added
 to it. Resumable: a finished point is never run again; a point killed half-way resumes from its
-last checkpoint (the trainer's resume=auto; its training time counts both sessions); a failed
+last checkpoint (the trainer's resume=auto; its training time counts both parts); a failed
 point is reported with its error, the sweep goes on, and the next sweep tries it again.
 
 --ablate RECIPE: the recipe, its baseline, the recipe without each of its methods in turn and
