@@ -11,7 +11,6 @@ Run it on a quiet machine: anything else on the cores changes the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.hardware import append_results, cpu_words, signature  # noqa: E402
+from pipeline.manifest import MANIFEST, read_manifest  # noqa: E402
 
 CONVERTERS = {"ffcv": "convert_ffcv.py", "webdataset": "convert_wds.py"}
 
@@ -33,8 +33,8 @@ def run_once(script: str, src: Path, workers: int) -> tuple[float, dict, int]:
         subprocess.run([sys.executable, str(ROOT / "tools" / script), str(src), str(out), "--force",
                         "--num-workers", str(workers)], check=True, capture_output=True)
         seconds = time.perf_counter() - started
-        manifest = json.loads((out / "manifest.json").read_text())
-        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and p.name != "manifest.json")
+        manifest = read_manifest(out)
+        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
         return seconds, manifest["counts"], size
 
 

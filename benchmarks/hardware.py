@@ -6,7 +6,8 @@ hardware, library versions, git commit and date to each row. The slug names the 
 vector extension, its core count and the GPUs (e.g. `amd-epyc-avx2-2c`, `amd-epyc-avx512-2c`,
 `intel-xeon-processor-avx512-16c-1x-nvidia-h100-80gb-hbm3`),
 so figures from one kind of machine gather in one file whatever the benchmark. The signature
-itself is `pipeline/machine.py`'s: `backend: auto` reads this machine's file too.
+itself is `pipeline/machine.py`'s; the folder, RESULTS, is the benchmarks' own: `backend: auto`
+reads this machine's file there when a recipe names the folder (`data.measured_results`).
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.machine import (RESULTS, cpu_model, cpu_words, gpus, memory_gib, results_path,  # noqa: F401
-                              signature, slug)
+from pipeline import machine
+from pipeline.machine import cpu_model, cpu_words, gpus, memory_gib, signature, slug  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 LIBRARIES = ("torch", "numpy", "ffcv", "nvidia-dali-cuda120", "nvidia-dali-cuda130", "webdataset", "pillow-simd",
              "simplejpeg", "numba", "opencv-python")
 
@@ -39,6 +41,11 @@ def git_commit() -> str:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+
+
+def results_path(hardware: dict, directory: Path = RESULTS) -> Path:
+    """This machine's results file, in RESULTS unless told otherwise."""
+    return machine.results_path(hardware, directory)
 
 
 def append_results(rows: list[dict], hardware: dict, directory: Path = RESULTS) -> Path:

@@ -3,9 +3,10 @@
 Which backends can read it follows from the data (a converter's manifest says ffcv or
 webdataset, anything else is an ImageNet-layout folder; DALI reads shards and folders) and
 from the packages installed. Among those, the pick is, in this order:
-1. this machine's results file (`benchmarks/results/<slug>.jsonl`, written by
-   benchmarks/loaders.py), when it has a figure for every candidate at this split: the newest
-   figure at the resolution nearest the one asked for;
+1. this machine's results file (`<slug>.jsonl`, pipeline/machine.py) in the folder of measured
+   figures the spec names (`measured_results`: the recipes name the loader benchmark's), when
+   it has a figure for every candidate at this split: the newest figure at the resolution
+   nearest the one asked for;
 2. otherwise a short probe: each candidate loads a few batches of the real data, timed after
    a warm-up batch.
 Under torch.distributed, rank 0 decides and every rank takes its answer, so ranks never
@@ -22,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-from pipeline.datasets import MANIFEST
-from pipeline.machine import RESULTS, results_path, signature
+from pipeline.datasets import converted_format
+from pipeline.machine import results_path, signature
 from pipeline.spec import LoaderSpec
 
 log = logging.getLogger("pipeline")
 
-# data form -> the backends that read it, and the name benchmarks/loaders.py files each under
+# data form -> the backends that read it, and the name the loader benchmark files each under
 READERS = {"webdataset": {"webdataset": "webdataset", "dali": "dali-wds"},
            "ffcv": {"ffcv": "ffcv"},
            "folder": {"folder": "folder", "dali": "dali-folder"}}
@@ -37,13 +38,9 @@ PROBE_BATCHES, PROBE_SECONDS = 6, 4.0
 
 
 def data_form(path: str) -> str:
-    manifest = Path(path) / MANIFEST
-    if manifest.is_file():
-        try:
-            return json.loads(manifest.read_text())["format"]
-        except (OSError, ValueError, KeyError):
-            pass        # the chosen backend's own reader names what is wrong with it
-    return "folder"
+    """The format a converter's manifest names, else "folder"; a broken or newer manifest is a
+    one-line DatasetError here, before any backend is tried on it."""
+    return converted_format(path) or "folder"
 
 
 def candidates(spec: LoaderSpec) -> dict[str, str]:
@@ -79,8 +76,8 @@ def from_results(spec: LoaderSpec, choices: dict[str, str], results_file: Path) 
     return backend, f"fastest for {spec.split} in {results_file.name} ({figures})"
 
 
-def probe(spec: LoaderSpec, choices: dict[str, str]) -> tuple[str, str]:
-    """(backend, reason) from timing a few batches of each candidate."""
+def probe(spec: LoaderSpec, choices: dict[str, str], why_probe: str) -> tuple[str, str]:
+    """(backend, reason) from timing a few batches of each candidate; `why_probe` ends the reason."""
     from pipeline import build_loader
     rates = {}
     for backend in choices:
@@ -101,11 +98,13 @@ def probe(spec: LoaderSpec, choices: dict[str, str]) -> tuple[str, str]:
         rates[backend] = images / (time.perf_counter() - started) if started and images else 0.0
     backend = max(rates, key=rates.get)
     figures = ", ".join(f"{b} {rate:,.0f} img/s" for b, rate in sorted(rates.items(), key=lambda item: -item[1]))
-    return backend, f"fastest in a short probe ({figures}); no figure for every candidate in this machine's results"
+    return backend, f"fastest in a short probe ({figures}); {why_probe}"
 
 
-def choose_backend(spec: LoaderSpec, results_dir: Path = RESULTS) -> tuple[str, str]:
-    """(backend, why) for a spec whose backend is "auto"."""
+def choose_backend(spec: LoaderSpec, results_dir: str | Path | None = None) -> tuple[str, str]:
+    """(backend, why) for a spec whose backend is "auto", by the figures in `results_dir` (default:
+    spec.measured_results; none: a probe decides)."""
+    results_dir = results_dir or spec.measured_results
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     answer = [None]
     if not distributed or torch.distributed.get_rank() == 0:
@@ -115,7 +114,9 @@ def choose_backend(spec: LoaderSpec, results_dir: Path = RESULTS) -> tuple[str, 
         elif len(choices) == 1:
             answer = [(next(iter(choices)), f"the only installed backend that reads {data_form(spec.path)} data")]
         else:
-            answer = [from_results(spec, choices, results_path(signature(), results_dir)) or probe(spec, choices)]
+            measured = from_results(spec, choices, results_path(signature(), results_dir)) if results_dir else None
+            answer = [measured or probe(spec, choices, "no figure for every candidate in this machine's results"
+                                        if results_dir else "no folder of measured figures named (measured_results)")]
     if distributed:
         torch.distributed.broadcast_object_list(answer, src=0)
     backend, reason = answer[0]

@@ -2,11 +2,11 @@
 
 Each function checks what it can before any worker starts and fails with a one-line
 `DatasetError` naming the path and what to do, so a typo or a half-copied dataset never
-surfaces as a hang or a traceback from inside FFCV, DALI or a DataLoader worker.
+surfaces as a hang or a traceback from inside FFCV, DALI or a DataLoader worker. The manifest
+itself is read by pipeline/manifest.py, which checks its version.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -14,10 +14,11 @@ from typing import Optional
 import numpy as np
 
 from pipeline.imagefolder import LayoutError, Sample, find_classes, scan_split
+from pipeline.manifest import ManifestError, manifest_path, read_manifest
 
-MANIFEST = "manifest.json"
 IMAGE_MEMBER, LABEL_MEMBER = "jpg", "lbl"     # the members of a sample the loaders read
-CONVERTERS = {"ffcv": "tools/convert_ffcv.py", "webdataset": "tools/convert_wds.py"}
+# The command that makes each format, for the messages that tell a user what to run
+CONVERTERS = {"ffcv": "python tools/convert_ffcv.py", "webdataset": "python tools/convert_wds.py"}
 
 
 class DatasetError(ValueError):
@@ -62,7 +63,16 @@ class ConvertedSplit:
 
 
 def is_converted(path: str | Path) -> bool:
-    return (Path(path) / MANIFEST).is_file()
+    return manifest_path(path).is_file()
+
+
+def converted_format(path: str | Path) -> Optional[str]:
+    """The format a converter wrote at `path` (its manifest's), or None where there is no manifest."""
+    try:
+        manifest = read_manifest(path)
+    except ManifestError as error:
+        raise DatasetError(str(error)) from None
+    return manifest["format"] if manifest else None
 
 
 def require_directory(path: str | Path, backend: str) -> None:
@@ -73,7 +83,7 @@ def require_directory(path: str | Path, backend: str) -> None:
     if backend in CONVERTERS:
         raise DatasetError(f"{root}: no such directory; convert a dataset there with {CONVERTERS[backend]} SRC {root}")
     raise DatasetError(f"{root}: no such directory; give an ImageNet-layout folder (ROOT/<split>/<class>/<image>)"
-                       f"{' or a tools/convert_wds.py output' if backend == 'dali' else ''}")
+                       f"{' or the output of ' + CONVERTERS['webdataset'] if backend == 'dali' else ''}")
 
 
 def read_converted(path: str | Path, split: str, expected_format: str) -> ConvertedSplit:
@@ -81,22 +91,7 @@ def read_converted(path: str | Path, split: str, expected_format: str) -> Conver
     root = Path(path)
     converter = CONVERTERS[expected_format]
     require_directory(root, expected_format)
-    manifest_path = root / MANIFEST
-    if not manifest_path.is_file():
-        raise DatasetError(f"{manifest_path}: missing, so {root} is not a finished conversion; "
-                           f"run {converter} SRC {root}")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        kind, classes, splits = manifest["format"], manifest["classes"], manifest["splits"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise DatasetError(f"{manifest_path}: not a converter manifest ({error!r}); run {converter} again") from None
-    if kind != expected_format:
-        raise DatasetError(f"{root} holds a {kind} conversion, not {expected_format}; "
-                           f"use backend {kind!r} or run {converter}")
-    if split not in splits:
-        raise DatasetError(f"{root}: split {split!r} was not converted (have: {', '.join(splits) or 'none'}); "
-                           f"run {converter} SRC {root} --splits {split}")
-    record = splits[split]
+    kind, classes, record = _manifest_split(root, split, expected_format)
     shards, first = [], 0
     for shard in record.get("shards", []):
         directory = root / split
@@ -106,10 +101,44 @@ def read_converted(path: str | Path, split: str, expected_format: str) -> Conver
     files = [root / name for name in record["files"]]
     for file in files:
         if not file.is_file():
-            raise DatasetError(f"{file}: missing (listed in {manifest_path}); run {converter} again")
+            raise DatasetError(f"{file}: missing (listed in {manifest_path(root)}); run {converter} again")
     if kind == "ffcv":
         _check_size(files[0], record["bytes"], converter)
     return ConvertedSplit(root, kind, split, classes, record["count"], files, shards)
+
+
+def split_size(path: str | Path, split: str) -> int:
+    """Samples in a split, known before any loader reads it: a converted split's count from its
+    manifest (the loader checks the files when it reads them), else a scan of the folder."""
+    if is_converted(path):
+        return _manifest_split(Path(path), split, expected_format=None)[2]["count"]
+    return len(read_folder(path, split)[1])
+
+
+def _manifest_split(root: Path, split: str, expected_format: Optional[str]) -> tuple[str, list[str], dict]:
+    """The format, classes and `split`'s record of the converter manifest in `root`, checked: it is
+    there and whole, of `expected_format` (None: of either), and holds the split."""
+    path = manifest_path(root)
+    converter = CONVERTERS[expected_format] if expected_format else " or ".join(CONVERTERS.values())
+    try:
+        manifest = read_manifest(root)
+    except ManifestError as error:
+        raise DatasetError(f"{error} ({converter})") from None
+    if manifest is None:
+        raise DatasetError(f"{path}: missing, so {root} is not a finished conversion; "
+                           f"run {converter} SRC {root}")
+    try:
+        kind, classes, splits = manifest["format"], manifest["classes"], manifest["splits"]
+        converter = CONVERTERS[expected_format or kind]
+    except (KeyError, TypeError) as error:
+        raise DatasetError(f"{path}: not a converter manifest ({error!r}); run {converter} again") from None
+    if expected_format and kind != expected_format:
+        raise DatasetError(f"{root} holds a {kind} conversion, not {expected_format}; "
+                           f"use backend {kind!r} or run {converter}")
+    if split not in splits:
+        raise DatasetError(f"{root}: split {split!r} was not converted (have: {', '.join(splits) or 'none'}); "
+                           f"run {converter} SRC {root} --splits {split}")
+    return kind, classes, splits[split]
 
 
 def _check_size(file: Path, expected: int, converter: str) -> None:
@@ -147,11 +176,13 @@ def _member_table(shard: Shard) -> np.ndarray:
             rows.append((*members[IMAGE_MEMBER], members[LABEL_MEMBER][0]))
             end = max(end, *(start + size for start, size in members.values()))
     except (OSError, ValueError, KeyError) as error:
-        raise DatasetError(f"{shard.index}: unreadable index ({error!r}); run tools/convert_wds.py again") from None
+        raise DatasetError(f"{shard.index}: unreadable index ({error!r}); "
+                           f"run {CONVERTERS['webdataset']} again") from None
     if len(rows) != shard.count:
         raise DatasetError(f"{shard.index}: {len(rows)} samples where the manifest says {shard.count}; "
-                           f"run tools/convert_wds.py again")
+                           f"run {CONVERTERS['webdataset']} again")
     size = shard.tar.stat().st_size
     if size < end:
-        raise DatasetError(f"{shard.tar}: {size} bytes, its index needs {end}: truncated; run tools/convert_wds.py again")
+        raise DatasetError(f"{shard.tar}: {size} bytes, its index needs {end}: truncated; "
+                           f"run {CONVERTERS['webdataset']} again")
     return np.array(rows, dtype=np.int64).reshape(-1, 3)

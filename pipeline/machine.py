@@ -1,6 +1,7 @@
 """Which machine this is: the hardware signature every benchmark figure is stored with, and the
-name of the results file it goes to (`benchmarks/results/<slug>.jsonl`), which `backend: auto`
-reads to pick a loader (`pipeline/auto_backend.py`) and a tradeoff sweep names its machine by.
+name of its results file (`<slug>.jsonl`) in the folder its caller keeps them in, which
+`backend: auto` reads to pick a loader (`pipeline/auto_backend.py`) and a tradeoff sweep names
+its machine by. The folder itself is the caller's: the benchmarks own where they keep theirs.
 
 The CPU's widest vector extension is part of both: 2-core VMs named just "AMD EPYC" come with
 AVX-512 or with AVX2 only, and differ by far more than noise (training ~1.5x, bf16 autocast
@@ -13,9 +14,6 @@ import platform
 import re
 import subprocess
 from pathlib import Path
-
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-
 
 def cpu_model() -> str:
     try:
@@ -92,5 +90,6 @@ def cpu_words(hardware: dict) -> str:
     return f"{hardware.get('cpu_model', '?')} ({isa})" if isa else hardware.get("cpu_model", "?")
 
 
-def results_path(hardware: dict, directory: Path = RESULTS) -> Path:
+def results_path(hardware: dict, directory: str | Path) -> Path:
+    """This machine's results file in `directory`."""
     return Path(directory) / f"{slug(hardware)}.jsonl"

@@ -37,7 +37,7 @@ def load_library(source: Path, libraries: tuple[str, ...] = ("jpeg",), flags: tu
             library.unlink(missing_ok=True)
             found = ", ".join(loaded_files("libjpeg")) or "none found"
             raise RuntimeError(f"{library.name}: {message.value.decode(errors='replace')} (libjpeg loaded: {found}); "
-                               "compile and run with one libjpeg-turbo: tools/bootstrap.sh, or on a GPU node "
+                               "compile and run with one libjpeg-turbo: bash tools/bootstrap.sh, or on a GPU node "
                                "source the bundle's env.sh before the first import")
     return loaded
 
@@ -71,7 +71,7 @@ def _build(source: Path, library: Path, link: list[str], flags: list[str]) -> No
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"cannot compile {source.name} (needs cc and the libjpeg-turbo headers, "
-                               f"libjpeg62-turbo-dev; run tools/bootstrap.sh): {result.stderr.strip()[:300]}")
+                               f"libjpeg62-turbo-dev; run bash tools/bootstrap.sh): {result.stderr.strip()[:300]}")
         os.replace(partial, library)
     finally:
         partial.unlink(missing_ok=True)

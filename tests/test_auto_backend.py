@@ -1,6 +1,7 @@
 """`backend: auto` (pipeline/auto_backend.py): it reads only the backends that can read the data,
 takes this machine's benchmark figures when it has them for every candidate, probes otherwise,
-and under torchrun every rank takes rank 0's answer."""
+and under torchrun every rank takes rank 0's answer. The figures' folder comes with the spec
+(`measured_results`), and the recipes name the one the benchmarks write to."""
 from __future__ import annotations
 
 import json
@@ -10,8 +11,13 @@ import pytest
 
 from conftest import two_ranks
 from pipeline import LoaderSpec, build_loader
+from benchmarks.hardware import RESULTS
 from pipeline.auto_backend import candidates, choose_backend
 from pipeline.machine import results_path, signature
+from pipeline.manifest import write_manifest
+from training.config import load_config
+
+ROOT = RESULTS.parents[1]
 
 
 def write_figures(directory, figures: dict[str, float], split="train", resolution=64):
@@ -37,9 +43,12 @@ def test_this_machines_figures_decide_when_they_cover_every_candidate(converted_
     write_figures(tmp_path, {"webdataset": 900.0, "dali-wds": 1200.0})
     backend, why = choose_backend(spec, tmp_path)
     # The 1e9 row is at resolution 512: the figure nearest 64 counts, not the largest
-    assert backend == "dali" and "dali-wds 1,200 img/s at 64" in why and results_path(signature()).name in why
+    assert backend == "dali" and "dali-wds 1,200 img/s at 64" in why and results_path(signature(), tmp_path).name in why
     write_figures(tmp_path, {"webdataset": 1500.0, "dali-wds": 1200.0})
     assert choose_backend(spec, tmp_path)[0] == "webdataset"
+    # the folder as a run gives it: in the spec, from the recipe's data.measured_results
+    assert choose_backend(LoaderSpec("auto", path=spec.path, resolution=64, measured_results=str(tmp_path)))[0] \
+        == "webdataset"
     only_ffcv, why = choose_backend(LoaderSpec("auto", path=str(converted_sets["photos"]["ffcv"])), tmp_path)
     assert only_ffcv == "ffcv" and "only installed backend" in why
 
@@ -55,8 +64,16 @@ def test_without_figures_a_probe_decides_and_the_loader_works(converted_sets, tm
     assert loader.spec.backend in ("webdataset", "dali") and images.shape == (8, 3, 48, 48)
 
 
+def test_the_recipes_point_auto_at_the_benchmarks_figures():
+    """As users run it (`torchrun training/main.py --config RECIPE data.backend=auto`, from the
+    repository's root): every recipe's loader spec names the folder the benchmarks write to."""
+    for recipe in sorted((ROOT / "algorithms" / "recipes").glob("*.yaml")):
+        spec = load_config(str(recipe), ["data.backend=auto"]).data.loader_spec("train", rank=0, world_size=1)
+        assert (ROOT / spec.measured_results).resolve() == RESULTS.resolve(), recipe.name
+
+
 def test_no_reader_is_a_one_line_error(tmp_path):
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": "tfrecord"}))
+    write_manifest(tmp_path, {"format": "tfrecord"})
     with pytest.raises(ValueError, match="no installed backend reads this tfrecord data"):
         choose_backend(LoaderSpec("auto", path=str(tmp_path)), tmp_path)
 

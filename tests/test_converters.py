@@ -1,11 +1,13 @@
-"""The FFCV and WebDataset converters: bad input, atomic output, idempotence, and reading back
-what they wrote with the real readers (ffcv's Reader/Loader, webdataset, DALI on CPU)."""
+"""The FFCV and WebDataset converters: bad input, atomic output, idempotence, the manifest and its
+version (pipeline/manifest.py), and reading back what they wrote with the real readers (ffcv's
+Reader/Loader, webdataset, DALI on CPU)."""
 from __future__ import annotations
 
 import collections
 import re
 import hashlib
 import io
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +20,12 @@ import pytest
 from PIL import Image
 
 from conftest import TOOLS, read_manifest, run_tool, run_tool_without
-from convert_common import ConversionFault, parallel_map
+from convert_errors import ConversionFault
+from convert_parallel import parallel_map
+from pipeline import LoaderSpec, build_loader
+from pipeline import manifest as pipeline_manifest
+from pipeline.datasets import DatasetError
+from pipeline.manifest import MANIFEST_VERSION, ManifestError
 
 CONVERTERS = ["convert_ffcv.py", "convert_wds.py"]
 CLASSES = ["apple", "crème_brûlée", "empty"]  # sorted; 'empty' has no train images
@@ -271,11 +278,52 @@ def test_up_to_date_outputs_are_not_written_again(bad_source, tmp_path):
     assert tree_digest(out)["train/shard-000000.tar"] == first["train/shard-000000.tar"]
 
 
+
+def test_the_manifest_carries_the_version_its_reader_checks(converted):
+    for _, out in converted.values():
+        assert read_manifest(out)["manifest_version"] == MANIFEST_VERSION
+        assert pipeline_manifest.read_manifest(out) == read_manifest(out)
+
+
+BROKEN_MANIFESTS = {
+    "newer": json.dumps({"format": "webdataset", "manifest_version": MANIFEST_VERSION + 1, "classes": [], "splits": {}}),
+    "not JSON": "{" + "x" * 100_000,                       # a parser's complaint quoting all of it would not fit
+    "a list": "[1, 2]",
+    "no version": json.dumps({"format": "webdataset", "classes": [], "splits": {}}),
+}
+
+
+@pytest.mark.parametrize("kind", BROKEN_MANIFESTS)
+def test_a_newer_or_broken_manifest_is_a_one_line_error_naming_it(kind, tmp_path):
+    """The reader (pipeline/manifest.py), a loader and the converter each meet the same manifest:
+    the first two refuse it in one short line naming the file, the converter converts anew."""
+    (tmp_path / "manifest.json").write_text(BROKEN_MANIFESTS[kind])
+    with pytest.raises(ManifestError) as caught:
+        pipeline_manifest.read_manifest(tmp_path)
+    message = str(caught.value)
+    assert str(tmp_path / "manifest.json") in message and "\n" not in message and len(message) <= 400, message
+    assert ("newer than this code reads" in message) == (kind == "newer"), message
+    with pytest.raises(DatasetError) as caught:
+        build_loader(LoaderSpec("webdataset", path=str(tmp_path)))
+    loader_message = str(caught.value)
+    assert loader_message.startswith(message) and "python tools/convert_wds.py" in loader_message
+    assert "\n" not in loader_message and len(loader_message) <= 500, loader_message
+
+
+def test_a_converter_converts_anew_over_a_manifest_it_cannot_read(bad_source, tmp_path):
+    root, _, _ = bad_source
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text(BROKEN_MANIFESTS["newer"])
+    result = run_tool("convert_wds.py", root, out, check=True)
+    assert "newer than this code reads" in result.stderr and "converting everything" in result.stderr
+    assert read_manifest(out)["manifest_version"] == MANIFEST_VERSION and read_manifest(out)["counts"]["train"] == 9
+
 def test_wds_shards_are_deterministic_size_capped_and_indexed_as_dali_does_without_dali(many_images, tmp_path):
     from wds2idx import IndexCreator
     args = (many_images, "--shard-size-mb", 1, "--splits", "train")
     run_tool("convert_wds.py", *args[:1], tmp_path / "a", *args[1:], check=True)
-    # as a GPU node's first call runs it, before DALI's pieces are in
+    # as on a GPU node where DALI is not installed yet
     without_dali = run_tool_without(("nvidia.dali", "wds2idx"), "convert_wds.py", *args[:1], tmp_path / "b", *args[1:])
     assert without_dali.returncode == 0, without_dali.stderr[-3000:]
     digests = {name: tree_digest(tmp_path / name / "train") for name in ("a", "b")}

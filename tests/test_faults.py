@@ -130,6 +130,39 @@ def test_sigusr1_stops_a_single_process_run_with_exit_code_138_after_a_checkpoin
     assert max(line["step"] for line in read_jsonl(run_dir / "metrics.jsonl")) == step
 
 
+
+def ignored_signals(pid: int) -> set[int]:
+    """The signals process `pid` ignores, from the SigIgn mask in /proc/PID/status."""
+    mask = int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("SigIgn:")).split()[1], 16)
+    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
+
+
+def test_loader_workers_leave_the_trainer_s_stop_signals_to_it(sample_sets):
+    """While a trainer's stop requests are installed, the loader workers it starts ignore its
+    STOP_SIGNALS (the rank stops them after its checkpoint); workers started without them do not."""
+    from pipeline import LoaderSpec, build_loader
+    from training.distributed import World
+    from training.stop_requests import STOP_SIGNALS, StopRequests
+
+    def worker_ignores() -> set[int]:
+        loader = build_loader(LoaderSpec("folder", path=str(sample_sets / "photos"), batch_size=4, resolution=32,
+                                         num_workers=1))
+        before = set(children(os.getpid()))
+        batches = iter(loader)
+        next(batches)                                     # its worker is up
+        (worker,) = set(children(os.getpid())) - before
+        ignored = ignored_signals(worker)
+        del batches, loader
+        return ignored
+
+    stops = StopRequests(World(0, 0, 1, torch.device("cpu"))).install()
+    try:
+        assert set(STOP_SIGNALS) <= worker_ignores()
+    finally:
+        stops.uninstall()
+    assert not set(STOP_SIGNALS) & worker_ignores()
+
 # --- a worker killed under torchrun's restarts -------------------------------------------------
 def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never_stopped(sample_sets, straight_run,
                                                                                          tmp_path):

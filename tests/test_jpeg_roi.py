@@ -11,7 +11,7 @@ from PIL import Image
 from pipeline import jpeg_roi
 from pipeline.crops import sample_uniforms
 from pipeline.spec import LoaderSpec
-from pipeline.worker_decode import _pil_crop, load_sample
+from pipeline.sample_decode import _pil_crop, load_sample
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # from anywhere
+from convert_cli import common_parser, main_guard  # noqa: E402
+from convert_errors import ConversionError, ConversionFault  # noqa: E402
+from convert_images import describe_failure, load_rgb, probe  # noqa: E402
+from convert_parallel import parallel_map  # noqa: E402
+from convert_splits import SplitResult, run_conversion  # noqa: E402
 from pipeline.atomic_files import replace_atomically  # noqa: E402
-from convert_common import (ConversionError, ConversionFault, SplitResult, common_parser, describe_failure, load_rgb,  # noqa: E402
-                            main_guard, parallel_map, probe, run_conversion)
 from pipeline.imagefolder import Sample, Skipped  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 

@@ -34,10 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # from anywhere
+from convert_cli import common_parser, main_guard  # noqa: E402
+from convert_errors import ConversionError  # noqa: E402
+from convert_images import describe_failure, encode_jpeg, load_rgb, open_image, probe, usable_as_is  # noqa: E402
+from convert_parallel import parallel_map  # noqa: E402
+from convert_splits import SplitResult, run_conversion  # noqa: E402
 from pipeline.atomic_files import fsync_path, replace_atomically  # noqa: E402
-from convert_common import (ConversionError, SplitResult, common_parser, describe_failure, encode_jpeg,  # noqa: E402
-                            load_rgb, main_guard, open_image, parallel_map, probe, run_conversion, usable_as_is)
 from pipeline.imagefolder import Sample, Skipped  # noqa: E402
 from pipeline.jpeg_roi import JPEGError, transcode  # noqa: E402
 

@@ -7,9 +7,12 @@ DATA/sample; prints one line per dataset, and nothing else is touched.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from pipeline.manifest import MANIFEST, ManifestError, read_manifest  # noqa: E402
 
 
 def folder_bytes(folder: Path) -> int:
@@ -23,9 +26,9 @@ def rows(data: Path) -> list[tuple]:
         counts = {split: sum(1 for p in (root / split).glob("*/*") if p.is_file()) for split in ("train", "val")}
         classes = sum(1 for p in split_root.iterdir() if p.is_dir())
         found.append((root.name, "jpeg folder", classes, counts, folder_bytes(root), root))
-    for manifest_path in sorted(data.glob("*/*/manifest.json")):
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    for manifest_path in sorted(data.glob(f"*/*/{MANIFEST}")):
         root = manifest_path.parent
+        manifest = read_manifest(root)
         size = sum((root / f).stat().st_size for record in manifest["splits"].values()
                    for f in record["files"] if (root / f).exists())
         found.append((root.name, manifest["format"], len(manifest["classes"]), manifest["counts"], size, root))
@@ -34,7 +37,11 @@ def rows(data: Path) -> list[tuple]:
 
 def main(argv: list[str]) -> int:
     data = Path(argv[0] if argv else "data")
-    table = rows(data)
+    try:
+        table = rows(data)
+    except ManifestError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if not table:
         print(f"error: {data}: no sample sets or converted datasets found", file=sys.stderr)
         return 2

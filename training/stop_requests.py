@@ -20,8 +20,12 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from pipeline.worker_decode import STOP_SIGNALS
+from pipeline.loader_workers import leave_to_main_process
 from training.distributed import World
+
+# What schedulers send before they kill: SIGTERM (Slurm, Kubernetes, torchrun's shutdown) and
+# SIGUSR1 (Slurm's early warning). The loader workers are told to leave them to the rank.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class RunFault(Exception):
@@ -62,15 +66,20 @@ class StopRequests:
             self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
 
     def install(self) -> "StopRequests":
-        """Record SIGTERM and SIGUSR1 from now on (Python allows handlers in the main thread only)."""
+        """Record SIGTERM and SIGUSR1 from now on (Python allows handlers in the main thread only);
+        loader workers started from now on ignore them: this rank stops them itself, after the
+        checkpoint, where a worker killed by the signal would fail the batches before it."""
         if threading.current_thread() is threading.main_thread():
             for number in STOP_SIGNALS:
                 self._previous[number] = signal.signal(number, self._record)
+            leave_to_main_process(STOP_SIGNALS)
         return self
 
     def uninstall(self) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
+        if self._previous:
+            leave_to_main_process(())
         self._previous.clear()
 
     def _record(self, number, frame) -> None:

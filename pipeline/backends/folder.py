@@ -12,7 +12,8 @@ from torch.utils.data import Dataset
 
 from pipeline.base import Loader
 from pipeline.datasets import read_folder
-from pipeline.worker_decode import BatchKeys, collate, load_or_report, torch_dataloader
+from pipeline.loader_workers import BatchKeys, torch_dataloader
+from pipeline.sample_decode import collate, load_or_report
 from pipeline.sharding import batch_count, rank_samples
 from pipeline.spec import LoaderSpec
 

@@ -1,0 +1,133 @@
+"""The DataLoader worker processes of the Pillow-based backends (folder, webdataset's worker
+path), from start to end: the DataLoader that runs them, what each does when it starts
+(`prepare_worker`), and how they are stopped however their loader goes away (freed, garbage
+collected, at interpreter exit, inherited by a fork).
+
+Signals: torchrun and Slurm signal a rank's whole process group, workers included. The
+process that decides what a signal means (a trainer stopping at a checkpoint) names the ones
+it handles with `leave_to_main_process`; workers started after that ignore them, and their
+rank stops them itself.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import sys
+import weakref
+from typing import Iterable
+
+from torch.utils.data import DataLoader
+
+from pipeline.spec import LoaderSpec
+
+# The signals workers leave to their main process (`leave_to_main_process`). Read by each worker
+# as it starts: workers are forked (the fork hook below relies on it too), so a worker sees the
+# set as it was when its loader started them.
+_LEFT_TO_MAIN_PROCESS: frozenset[int] = frozenset()
+
+
+def leave_to_main_process(signals: Iterable[int]) -> None:
+    """Workers started from now on ignore `signals` (this set replaces an earlier one; () for
+    none): the main process handles them and stops its workers itself. A worker ended by one
+    would fail the batches its rank still takes before its checkpoint."""
+    global _LEFT_TO_MAIN_PROCESS
+    _LEFT_TO_MAIN_PROCESS = frozenset(int(number) for number in signals)
+
+
+# The iterators of our DataLoaders that have worker processes, for the fork and exit hooks below.
+_LIVE_WORKER_ITERATORS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _disown_inherited_workers() -> None:
+    # A forked worker inherits the parent's other DataLoaders, and with persistent workers
+    # their live iterators; without this, each one's __del__ tries to stop processes that
+    # are not its children when the worker exits ("AssertionError: can only test a child
+    # process", seen whenever a train and a val loader are alive together).
+    for iterator in list(_LIVE_WORKER_ITERATORS):
+        iterator._shutdown = True
+    _LIVE_WORKER_ITERATORS.clear()
+
+
+os.register_at_fork(after_in_child=_disown_inherited_workers)
+
+
+class _WorkersStopWhenFreed(DataLoader):
+    """A DataLoader whose persistent workers are stopped as soon as it is freed, however it is.
+
+    torch stops them from its iterator's __del__. When the garbage collector frees a DataLoader
+    (it sat in a reference cycle: a trainer's, or an exception's traceback), those __del__ run in
+    no set order, the stop message never reaches the workers, and each one sits out torch's 5 s
+    join timeout (seen: 10 s for 2 workers, against 0.1 s when freed by its last reference).
+    A weakref finalizer runs before the collector touches anything, so the stop gets through."""
+
+    def _get_iterator(self):
+        iterator = super()._get_iterator()
+        if self.num_workers > 0:
+            finalizer = weakref.finalize(self, _stop_workers, iterator)
+            finalizer.atexit = False          # at exit, _stop_workers_at_exit ends them all
+            _LIVE_WORKER_ITERATORS.add(iterator)
+        return iterator
+
+
+def _stop_workers(iterator) -> None:
+    iterator._shutdown_workers()              # torch's own shutdown; a no-op the second time
+
+
+@atexit.register        # after torch's and multiprocessing's own: so it runs before both (last in, first out)
+def _stop_workers_at_exit() -> None:
+    """Stop the workers of every loader still alive at interpreter exit: one held by an uncaught
+    exception's traceback, mid-epoch. Left to them, torch's handler only marks the exit (its
+    iterators' shutdown is then a no-op), and multiprocessing's SIGTERMs its daemon children,
+    which our workers may ignore (prepare_worker), then joins them: the process hung for good after
+    printing its traceback. Stopped by torch's message here, and any worker still busy after
+    torch's join timeout killed."""
+    for iterator in list(_LIVE_WORKER_ITERATORS):
+        _stop_workers(iterator)
+        for worker in getattr(iterator, "_workers", []):
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+
+
+class BatchKeys:
+    """A sampler of whole-batch keys: this epoch's keys from the resume point (`start`) on, read
+    when iteration starts. It holds the keys itself, not the loader, so that a dropped loader is
+    freed at once, workers and all, not left in a loader -> DataLoader -> sampler -> loader
+    cycle for the collector."""
+
+    def __init__(self):
+        self.keys: list = []
+        self.start = 0
+
+    def __iter__(self):
+        return iter(self.keys[self.start:])
+
+    def __len__(self) -> int:
+        return len(self.keys) - self.start
+
+
+def prepare_worker(worker_id: int = 0) -> None:
+    """In DataLoader workers: the signals left to the main process (`leave_to_main_process`)
+    are ignored. A worker whose rank dies (SIGKILL, the out-of-memory killer) is killed with it
+    (Linux's parent-death signal): torch's own watch of the parent takes seconds, in which an
+    orphan printed tracebacks from the fd-passing thread of multiprocessing into its dead
+    rank's log."""
+    for number in _LEFT_TO_MAIN_PROCESS:
+        signal.signal(number, signal.SIG_IGN)
+    if sys.platform == "linux":
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:                   # the rank died before the line above took effect
+            os._exit(1)
+
+
+def torch_dataloader(dataset, spec: LoaderSpec, **kwargs) -> DataLoader:
+    """A DataLoader whose items are whole uint8 batches made in the workers."""
+    workers = spec.num_workers
+    dataloader = _WorkersStopWhenFreed(dataset, batch_size=None, num_workers=workers,
+                                       pin_memory=spec.device.startswith("cuda"), persistent_workers=workers > 0,
+                                       prefetch_factor=4 if workers else None, worker_init_fn=prepare_worker,
+                                       **kwargs)
+    return dataloader

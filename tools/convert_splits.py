@@ -1,0 +1,171 @@
+"""The conversion of an ImageNet-layout folder, split by split, that both converters run
+(`run_conversion`): scan SRC, convert each split that is not up to date with the converter's
+own `convert_split`, and write the manifest (pipeline/manifest.py) last.
+
+Outputs are written under temporary names and renamed into place by `convert_split`, and the
+manifest is written after them, so an output that has a manifest is complete; a split whose
+source files and options are unchanged since the manifest was written is not converted again.
+Files that cannot be samples are skipped, listed with their reason in the manifest and on
+stderr; the run never stops half-way.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Iterable
+
+from convert_cli import check_common_args
+from convert_errors import ConversionError, ConversionFault
+from pipeline.atomic_files import check_writable
+from pipeline.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split
+from pipeline.manifest import MANIFEST, ManifestError, read_manifest, write_manifest
+
+
+def library_versions(*names: str) -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in ("numpy", "opencv-python", "pillow-simd", "pillow", *names):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def source_fingerprint(samples: Iterable[Sample]) -> str:
+    """Changes when any file of the split is added, removed, resized or touched."""
+    digest = hashlib.sha256()
+    for sample in samples:
+        stat = os.stat(sample.path)
+        digest.update(f"{sample.relpath}\0{sample.label}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+@dataclass
+class SplitResult:
+    count: int                                  # samples a reader will read back
+    skipped: list[Skipped] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)   # outputs, relative to OUT
+    extra: dict = field(default_factory=dict)   # format-specific manifest entries
+
+
+def report_skips(skipped: list[Skipped]) -> None:
+    for skip in skipped:
+        print(f"skipped {skip.path}: {skip.reason}", file=sys.stderr)
+
+
+# Options that do not change what is written: a manifest from a run that differed only in
+# these is still up to date.
+NON_OUTPUT_PARAMS = ("splits", "num_workers", "strict")
+
+
+def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[str, ...],
+                   convert_split: Callable[[argparse.Namespace, str, list[Sample], Path], SplitResult]) -> int:
+    """Scan SRC, convert each split with `convert_split`, write the manifest; the exit code.
+
+    `convert_split(args, split, samples, out)` writes its outputs under temporary names and
+    renames them into place before it returns; the manifest, written last, marks completion.
+    Splits converted by an earlier run into the same OUT with the same classes and options
+    stay in the manifest; a split whose source files are unchanged is not converted again.
+    """
+    check_common_args(args)
+    src, out = args.src, args.out
+    if not src.is_dir():
+        raise ConversionError(f"{src}: source folder does not exist")
+    if src.resolve() == out.resolve() or out.resolve() in src.resolve().parents:
+        raise ConversionError(f"{out}: output folder must not contain the source folder")
+    try:
+        classes = find_classes(src, args.splits)
+    except LayoutError as error:
+        raise ConversionError(str(error)) from None
+    scans = {split: scan_split(src, split, classes) for split in args.splits}
+    if not any(samples for samples, _ in scans.values()):
+        raise ConversionError(f"{src}: no image files under {', '.join(args.splits)}")
+
+    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items())
+              if k not in ("src", "out", "force")}
+    output_params = {k: v for k, v in params.items() if k not in NON_OUTPUT_PARAMS}
+    check_out_folder(out)
+    previous = previous_manifest(out)
+    kept: dict[str, dict] = {}
+    if previous and previous.get("format") == format_name and previous.get("classes") == classes \
+            and previous.get("output_params") == output_params and previous.get("source") == str(src.resolve()):
+        kept = {split: record for split, record in previous["splits"].items()
+                if all((out / f).exists() for f in record["files"])}
+
+    started, converted = time.perf_counter(), 0
+    for split, (samples, name_skips) in scans.items():
+        fingerprint = source_fingerprint(samples)
+        if not args.force and kept.get(split, {}).get("source_fingerprint") == fingerprint:
+            print(f"{out}: {split} is up to date ({kept[split]['count']} samples); --force converts again",
+                  file=sys.stderr)
+            continue
+        report_skips(name_skips)
+        missing_classes = empty_classes(samples, classes)
+        if missing_classes:
+            print(f"warning: {src / split}: no images for classes {missing_classes}", file=sys.stderr)
+        try:
+            result = convert_split(args, split, samples, out)
+        except OSError as error:
+            raise ConversionFault(f"{out}: {describe_os_error(error)} while writing the {split} split; its partial "
+                                  f"output was removed and outputs of earlier runs are intact") from None
+        report_skips(result.skipped)
+        converted += len(samples)
+        kept[split] = {"count": result.count, "files": result.files, "source_fingerprint": fingerprint,
+                       "empty_classes": missing_classes,
+                       "skipped": [s.as_dict() for s in name_skips + result.skipped], **result.extra}
+    elapsed = time.perf_counter() - started
+
+    splits = {split: kept[split] for split in sorted(kept)}
+    skipped = [{**skip, "split": split} for split, record in splits.items() for skip in record["skipped"]]
+    try:
+        write_manifest(out, {
+            "format": format_name,
+            "classes": classes,
+            "counts": {split: record["count"] for split, record in splits.items()},
+            "skipped": skipped,
+            "params": params,
+            "output_params": output_params,
+            "source": str(src.resolve()),
+            "versions": library_versions(*libraries),
+            "splits": splits,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        })
+    except OSError as error:
+        raise ConversionFault(f"{out}: {describe_os_error(error)} while writing {MANIFEST}: the new files are in "
+                              f"place but the manifest is the earlier one; run again once there is room") from None
+    rate = f", {converted / elapsed:.0f} img/s" if converted else ""
+    print(f"{out}: {format_name}, {len(classes)} classes, "
+          + ", ".join(f"{split} {record['count']}" for split, record in splits.items())
+          + f", {len(skipped)} skipped{rate}", file=sys.stderr)
+    return 1 if args.strict and any(splits[s]["skipped"] for s in args.splits) else 0
+
+
+def check_out_folder(out: Path) -> None:
+    """OUT is, or can be made, a folder this process can write in; else a ConversionError."""
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"{out}: exists and is not a folder; OUT must be a folder, new or from an earlier run")
+    try:
+        check_writable(out)
+    except OSError as error:
+        raise ConversionError(f"{out}: cannot write there ({describe_os_error(error)})") from None
+
+
+def describe_os_error(error: OSError) -> str:
+    return f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
+
+
+def previous_manifest(out: Path) -> dict | None:
+    """The manifest an earlier run left in OUT, or None when there is none or it cannot be used
+    (unreadable, of a newer version): then everything is converted again."""
+    try:
+        return read_manifest(out)
+    except ManifestError as error:
+        print(f"warning: {error}; converting everything", file=sys.stderr)
+        return None
