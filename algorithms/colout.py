@@ -12,8 +12,11 @@ Defaults (Composer): p_row = p_col = 0.15, batch-side; here loader-side by defau
 """
 from __future__ import annotations
 
-from algorithms.base import Algorithm, Event
+import dataclasses
+
+from algorithms.base import Algorithm, Event, RunPlan
 from pipeline.colout import colout_batch
+from pipeline.spec import LoaderSpec
 
 
 class ColOut(Algorithm):
@@ -22,11 +25,13 @@ class ColOut(Algorithm):
             raise ValueError(f"mode must be 'loader' or 'batch', got {mode!r}")
         self.p_row, self.p_col, self.mode = p_row, p_col, mode
 
+    def loader_spec(self, spec: LoaderSpec, plan: RunPlan) -> LoaderSpec:
+        if self.mode != "loader" or not spec.train:
+            return spec
+        return dataclasses.replace(spec, colout=(self.p_row, self.p_col))
+
     def match(self, event: Event, state) -> bool:
-        return event == (Event.INIT if self.mode == "loader" else Event.AFTER_DATALOADER)
+        return self.mode == "batch" and event == Event.AFTER_DATALOADER
 
     def apply(self, event: Event, state) -> None:
-        if event == Event.INIT:
-            state.train_loader.reconfigure(colout=(self.p_row, self.p_col))
-        else:
-            state.images = colout_batch(state.images, self.p_row, self.p_col)
+        state.images = colout_batch(state.images, self.p_row, self.p_col)

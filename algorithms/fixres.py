@@ -1,8 +1,8 @@
 """FixRes: evaluate at a higher resolution than the training crops (Touvron et al. 2019,
 "Fixing the train-test resolution discrepancy"; as ffcv-imagenet does).
 
-What: at INIT the val loader is set to `eval_resolution` (and, if given, the center crop's
-share of the shorter side, `eval_crop_ratio`). Random-resized crops make objects look larger
+What: the val loader is built at `eval_resolution` (and, if given, with the center crop's
+share of the shorter side `eval_crop_ratio`), which INIT records in the run's config. Random-resized crops make objects look larger
 in training than a center crop at the same size does at test time; testing at a higher
 resolution brings their apparent sizes back in line. This hook is the test-time half of
 FixRes only; the paper also fine-tunes the classifier and BN at the test resolution.
@@ -15,15 +15,17 @@ keeps data.val_crop_ratio (default 224/256, ffcv's and timm's center crop).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
-from algorithms.base import Algorithm, Event
+from algorithms.base import Algorithm, Event, RunPlan
+from pipeline.spec import LoaderSpec
 
 
-def fixres_loader(val_loader, eval_resolution: int, eval_crop_ratio: Optional[float] = None):
-    """Set a val loader (before its first iteration) to evaluate at `eval_resolution`; returns it."""
-    val_loader.reconfigure(val_resolution=eval_resolution, val_crop_ratio=eval_crop_ratio)
-    return val_loader
+def fixres_spec(val_spec: LoaderSpec, eval_resolution: int, eval_crop_ratio: Optional[float] = None) -> LoaderSpec:
+    """A val loader spec that evaluates at `eval_resolution` (and `eval_crop_ratio`, if given)."""
+    crop = {} if eval_crop_ratio is None else {"val_crop_ratio": eval_crop_ratio}
+    return dataclasses.replace(val_spec, val_resolution=eval_resolution, **crop)
 
 
 class FixRes(Algorithm):
@@ -33,11 +35,13 @@ class FixRes(Algorithm):
                              f"got {eval_resolution}, {eval_crop_ratio}")
         self.eval_resolution, self.eval_crop_ratio = eval_resolution, eval_crop_ratio
 
+    def loader_spec(self, spec: LoaderSpec, plan: RunPlan) -> LoaderSpec:
+        return spec if spec.train else fixres_spec(spec, self.eval_resolution, self.eval_crop_ratio)
+
     def match(self, event: Event, state) -> bool:
         return event == Event.INIT
 
     def apply(self, event: Event, state) -> None:
-        fixres_loader(state.val_loader, self.eval_resolution, self.eval_crop_ratio)
         # Recorded in the config too, so the run's saved config says what evaluation used.
         state.config.data.val_resolution = self.eval_resolution
         if self.eval_crop_ratio is not None:

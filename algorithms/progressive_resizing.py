@@ -18,13 +18,14 @@ delay_fraction 0.5 (mild: 0.4), finetune_fraction 0.2, size_increment 4.
 """
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 
-from algorithms.base import Algorithm, Event
-from pipeline.schedules import ComposerRamp, ramp_scale  # noqa: F401  (ramp_scale: the ramp itself)
+from algorithms.base import Algorithm, Event, RunPlan
+from pipeline.schedules import ComposerRamp, ConstantResolution, ramp_scale  # noqa: F401  (ramp_scale: the ramp)
+from pipeline.spec import LoaderSpec
 
 
 def resize_batch(images: torch.Tensor, side: int) -> torch.Tensor:
@@ -41,25 +42,26 @@ class ProgressiveResizing(Algorithm):
                  finetune_fraction: float = 0.2, size_increment: int = 4):
         if mode not in ("loader", "batch"):
             raise ValueError(f"mode must be 'loader' or 'batch', got {mode!r}")
-        ComposerRamp(64, 1, initial_scale, delay_fraction, finetune_fraction, size_increment)  # validates
         self.mode, self.initial_scale, self.delay_fraction = mode, initial_scale, delay_fraction
         self.finetune_fraction, self.size_increment = finetune_fraction, size_increment
+        self.ramp(64, 1)       # checks the settings
+
+    def ramp(self, final_res: int, total_epochs: int) -> ComposerRamp:
+        """This ramp up to `final_res` over a run of `total_epochs`, at epoch granularity."""
+        return ComposerRamp(final_res, total_epochs, self.initial_scale, self.delay_fraction,
+                            self.finetune_fraction, self.size_increment)
+
+    def loader_spec(self, spec: LoaderSpec, plan: RunPlan) -> LoaderSpec:
+        if self.mode != "loader" or not spec.train:
+            return spec
+        if not isinstance(spec.schedule, ConstantResolution):
+            raise ValueError("progressive_resizing (loader mode) needs data.resolution to be an int, "
+                             "not a schedule: it makes the schedule itself")
+        return dataclasses.replace(spec, resolution=self.ramp(spec.schedule.resolution, plan.total_epochs))
 
     def match(self, event: Event, state) -> bool:
-        return event == (Event.INIT if self.mode == "loader" else Event.AFTER_DATALOADER)
+        return self.mode == "batch" and event == Event.AFTER_DATALOADER
 
     def apply(self, event: Event, state) -> None:
-        if event == Event.INIT:
-            final = state.config.data.resolution
-            if not isinstance(final, int):
-                raise ValueError("progressive_resizing (loader mode) needs data.resolution to be an int, "
-                                 "not a schedule: it makes the schedule itself")
-            epochs = math.ceil(state.config.max_duration.to_batches(state.steps_per_epoch) / state.steps_per_epoch)
-            state.train_loader.reconfigure(resolution={
-                "form": "composer", "final_res": final, "total_epochs": epochs, "initial_scale": self.initial_scale,
-                "delay_fraction": self.delay_fraction, "finetune_fraction": self.finetune_fraction,
-                "size_increment": self.size_increment})
-            return
-        ramp = ComposerRamp(state.images.shape[-1], 1, self.initial_scale, self.delay_fraction,
-                            self.finetune_fraction, self.size_increment)
+        ramp = self.ramp(state.images.shape[-1], 1)
         state.images = resize_batch(state.images, ramp.side_at(state.step / state.total_steps))

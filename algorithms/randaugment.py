@@ -16,8 +16,11 @@ every operation uses the severity itself, so severity 9 is stronger here than in
 """
 from __future__ import annotations
 
-from algorithms.base import Algorithm, Event
+import dataclasses
+
+from algorithms.base import Algorithm, RunPlan
 from pipeline.randaugment import check_randaugment, randaugment_image  # noqa: F401  (the pure function)
+from pipeline.spec import LoaderSpec
 
 
 class RandAugment(Algorithm):
@@ -25,8 +28,5 @@ class RandAugment(Algorithm):
         check_randaugment(depth, severity)
         self.depth, self.severity = depth, severity
 
-    def match(self, event: Event, state) -> bool:
-        return event == Event.INIT
-
-    def apply(self, event: Event, state) -> None:
-        state.train_loader.reconfigure(randaugment=(self.depth, self.severity))
+    def loader_spec(self, spec: LoaderSpec, plan: RunPlan) -> LoaderSpec:
+        return dataclasses.replace(spec, randaugment=(self.depth, self.severity)) if spec.train else spec

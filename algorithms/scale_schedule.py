@@ -1,24 +1,30 @@
 """ScaleSchedule: train for `ratio` times as long, with every schedule stretched to fit
 (MosaicML Composer's `scale_schedule_ratio`).
 
-What: at INIT it multiplies max_duration, the LR milestones (and the warmup, if
-`scale_warmup`), the train resolution schedule's epochs (ffcv form: start_ramp/end_ramp;
-composer form: total_epochs, its other keys being shares of the run) and the durations other
-algorithms list in a class attribute `scaled_durations` (EMA: half_life). Durations in ep and
-ba are multiplied (ba rounded to whole batches); those in dur are shares of the run and
-follow it by themselves. The cosine/linear decay spans the run, so it stretches with it.
+What: before anything is built it stretches the run's plan (max_duration, which the trainer
+records in the config) and the train loader's resolution schedule as set so far (ffcv form:
+start_ramp/end_ramp; composer form: total_epochs, its other keys being shares of the run);
+at INIT it multiplies the LR milestones (and the warmup, if `scale_warmup`), the config's
+resolution schedule, and the durations other algorithms list in a class attribute
+`scaled_durations` (EMA: half_life). Durations in ep and ba are multiplied (ba rounded to
+whole batches); those in dur are shares of the run and follow it by themselves. The
+cosine/linear decay spans the run, so it stretches with it.
 When: the simplest way to trade quality for time: a shortened run still goes through its
 whole LR decay, which beats stopping a long schedule early (Composer's method card).
 Cost: none; the run is `ratio` times as long.
 Settings: ratio=1.0; scale_warmup=False, as Composer, whose warmups are not scaled unless
 asked (a warmup in dur scales regardless). eval_interval and checkpoint.interval are left
-alone. Put it first in a recipe, so that algorithms reading durations at INIT see the
-scaled ones (a loader resolution schedule set before it is scaled either way).
+alone. Put it first in a recipe, so that the algorithms after it see the stretched run (a
+loader resolution schedule set before it, by progressive resizing, is stretched either way).
 """
 from __future__ import annotations
 
-from algorithms.base import Algorithm, Event
+import dataclasses
+
+from algorithms.base import Algorithm, Event, RunPlan
 from algorithms.durations import Duration
+from pipeline.schedules import EPOCH_FIELDS, stretched
+from pipeline.spec import LoaderSpec
 
 
 def scale_duration(duration, ratio: float):
@@ -30,12 +36,11 @@ def scale_duration(duration, ratio: float):
 
 
 def scale_resolution_schedule(resolution, ratio: float):
-    """The config's train resolution (an int or a schedule mapping) with its epoch counts scaled."""
+    """The train resolution (an int, a schedule mapping as in a config, or a schedule) over a run
+    `ratio` times as long: its epoch counts scaled (pipeline.schedules.stretched)."""
     if not isinstance(resolution, dict):
-        return resolution
-    keys = {"ffcv": ("start_ramp", "end_ramp"), "composer": ("total_epochs",)}.get(resolution.get("form"), ())
-    # Kept fractional: FFCVRamp's scaled schedule at epoch e is exactly the original at e / ratio,
-    # and ComposerRamp's is the same ramp over the shorter run (it ends in the epoch it says).
+        return stretched(resolution, ratio) if callable(resolution) else resolution
+    keys = EPOCH_FIELDS.get(resolution.get("form"), ())
     return {**resolution, **{key: resolution[key] * ratio for key in keys if key in resolution}}
 
 
@@ -45,23 +50,30 @@ class ScaleSchedule(Algorithm):
             raise ValueError(f"ScaleSchedule ratio must be > 0, got {ratio}")
         self.ratio, self.scale_warmup = ratio, scale_warmup
 
+    def run_plan(self, plan: RunPlan) -> RunPlan:
+        if self.ratio == 1.0:
+            return plan
+        duration = scale_duration(plan.max_duration, self.ratio)
+        if duration.value == 0:
+            raise ValueError(f"ScaleSchedule({self.ratio}) leaves a max_duration of 0")
+        return dataclasses.replace(plan, max_duration=duration)
+
+    def loader_spec(self, spec: LoaderSpec, plan: RunPlan) -> LoaderSpec:
+        # The schedule as the config and the algorithms before this one left it (progressive
+        # resizing's, made over the unscaled run); those after it make theirs over the scaled one.
+        if self.ratio == 1.0 or not spec.train:
+            return spec
+        return dataclasses.replace(spec, resolution=scale_resolution_schedule(spec.resolution, self.ratio))
+
     def match(self, event: Event, state) -> bool:
         return event == Event.INIT and self.ratio != 1.0
 
     def apply(self, event: Event, state) -> None:
         config, ratio = state.config, self.ratio
-        config.max_duration = scale_duration(config.max_duration, ratio)
-        if config.max_duration.value == 0:
-            raise ValueError(f"ScaleSchedule({ratio}) leaves a max_duration of 0")
         if self.scale_warmup:
             config.optim.warmup = scale_duration(config.optim.warmup, ratio)
         config.optim.milestones = [scale_duration(m, ratio) for m in config.optim.milestones]
         config.data.resolution = scale_resolution_schedule(config.data.resolution, ratio)
-        # The loader's own schedule is scaled too: an algorithm before this one may have set it
-        # (progressive resizing, from the unscaled max_duration).
-        resolution = state.train_loader.spec.resolution
-        if isinstance(resolution, dict):
-            state.train_loader.reconfigure(resolution=scale_resolution_schedule(resolution, ratio))
         for algorithm in state.algorithms:
             for name in getattr(algorithm, "scaled_durations", ()):
                 setattr(algorithm, name, self._scaled(getattr(algorithm, name)))

@@ -6,20 +6,24 @@
 
 Each backend lives in a module of its own and is imported only when asked for, so a
 missing optional package (ffcv, nvidia-dali) only matters to the backend that needs it.
+A loader's settings are those of its spec, fixed when it is built; `batches_per_epoch(spec)`
+says how long its epochs will be before it is (every backend gives the batches
+`pipeline.sharding` says for the split's size).
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
 
-from pipeline.datasets import require_directory
+from pipeline.datasets import require_directory, split_size
+from pipeline.sharding import rank_batches
 from pipeline.spec import BACKENDS, LoaderSpec
 
 # backend -> (module, class, the pip package it needs)
 _IMPLEMENTATIONS = {
     "ffcv": ("pipeline.backends.ffcv", "FFCVLoader", "ffcv"),
-    "dali": ("pipeline.backends.dali", "DALILoader", "nvidia-dali-cuda120"),
-    "webdataset": ("pipeline.backends.webdataset", "WebDatasetLoader", "webdataset"),
+    "dali": ("pipeline.backends.dali", "DALILoader", "nvidia-dali-cuda130"),    # the CUDA 13 build, for GPUs
+    "webdataset": ("pipeline.backends.webdataset", "WebDatasetLoader", "pillow-simd"),  # reads tars itself
     "folder": ("pipeline.backends.folder", "FolderLoader", "pillow-simd"),
     "synthetic": ("pipeline.backends.synthetic", "SyntheticLoader", "torch"),
 }
@@ -44,4 +48,14 @@ def build_loader(spec: LoaderSpec):
     return getattr(module, class_name)(spec)
 
 
-__all__ = ["BACKENDS", "LoaderSpec", "build_loader"]
+def batches_per_epoch(spec: LoaderSpec) -> int:
+    """The batches an epoch of `spec`'s loader gives on its rank, known before the loader is
+    built (the same for every epoch and backend): from the split's size, which a converted
+    split's manifest holds and a folder's scan counts."""
+    if spec.backend == "synthetic":
+        return rank_batches(spec.synthetic_size, spec)
+    require_directory(spec.path, spec.backend)
+    return rank_batches(split_size(spec.path, spec.split), spec)
+
+
+__all__ = ["BACKENDS", "LoaderSpec", "batches_per_epoch", "build_loader"]

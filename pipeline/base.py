@@ -8,10 +8,11 @@ were all undecodable is left out, its index still counts) and optionally `_prepa
 turns that into the public interface: `set_epoch`, `resolution`, iteration, and
 `state_dict`/`load_state_dict`, where a state saved after k batches makes the next
 iteration yield batches k+1... of the same epoch, as the uninterrupted run would have.
+A loader's spec is fixed once the loader is built: a setting is changed by building the
+loader from another spec (the trainer settles its specs before it builds its loaders).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import torch
@@ -61,7 +62,6 @@ class Loader:
         self._resume_from = 0
         self.corrupt_in_epoch = 0         # samples skipped as undecodable, this epoch
         self.corrupt_total = 0
-        self._started = False             # set at the first iteration: from then on the spec is fixed
         self.device = torch.device(spec.device)
         self._mean = 255 * torch.tensor(spec.mean, device=self.device).view(1, 3, 1, 1)
         self._inv_std = 1 / (255 * torch.tensor(spec.std, device=self.device).view(1, 3, 1, 1))
@@ -94,23 +94,7 @@ class Loader:
         self.epoch, self.position, self._resume_from = epoch, 0, 0
         self._prepare_epoch(epoch)
 
-    def reconfigure(self, *, resolution=None, colout=None, randaugment=None, val_resolution=None,
-                    val_crop_ratio=None) -> None:
-        """Change the train resolution (an int, schedule or schedule mapping), the ColOut shares,
-        RandAugment's (depth, severity), or the val resolution and crop before the first
-        iteration: how loader-side algorithms (progressive resizing, ColOut, RandAugment, FixRes) act. The spec object is changed in place, so
-        worker processes, which start at the first iteration and hold the same spec, see it."""
-        if self._started:
-            raise RuntimeError("a loader can only be reconfigured before its first iteration")
-        changes = dict(resolution=resolution, colout=colout, randaugment=randaugment,
-                       val_resolution=val_resolution, val_crop_ratio=val_crop_ratio)
-        # LoaderSpec's own checks run on a copy; only a valid spec is copied into the shared one.
-        checked = dataclasses.replace(self.spec, **{key: value for key, value in changes.items() if value is not None})
-        vars(self.spec).update(vars(checked))
-        self._prepare_epoch(self.epoch)
-
     def __iter__(self):
-        self._started = True
         start, self._resume_from = self._resume_from, 0
         self.position, self.corrupt_in_epoch = start, 0
         try:

@@ -10,11 +10,12 @@ Two published forms, each a small frozen dataclass callable on the epoch:
   and with a finetune the last epoch is at full size: the ramp taken at each epoch's start
   left runs of 1-3 epochs never trained at the size they are evaluated at (fashion sample,
   1 epoch at 20 px, evaluated at 28: 57% top-1 against 86.5% without the ramp).
-`resolution_schedule(value)` builds one from an int or a mapping, as found in a config.
+`resolution_schedule(value)` builds one from an int or a mapping, as found in a config, and
+`stretched(schedule, ratio)` gives the same schedule over a run `ratio` times as long.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Callable, Mapping, Union
 
 Schedule = Callable[[int], int]
@@ -99,6 +100,19 @@ def ramp_scale(elapsed: float, initial_scale: float, delay_fraction: float, fine
 
 
 FORMS = {"ffcv": FFCVRamp, "composer": ComposerRamp}
+EPOCH_FIELDS = {"ffcv": ("start_ramp", "end_ramp"), "composer": ("total_epochs",)}   # the fields counting epochs
+
+
+def stretched(schedule: Schedule, ratio: float) -> Schedule:
+    """`schedule` over a run `ratio` times as long: its epoch counts multiplied and kept
+    fractional, so an FFCVRamp's stretched value at epoch e is exactly the original's at
+    e / ratio, and a ComposerRamp (given in shares of the run) is the same ramp over the
+    longer or shorter run, ending in the epoch it says. A constant, or a schedule of another
+    kind, is left as it is."""
+    for form, kind in FORMS.items():
+        if type(schedule) is kind:
+            return replace(schedule, **{name: getattr(schedule, name) * ratio for name in EPOCH_FIELDS[form]})
+    return schedule
 
 
 def resolution_schedule(value: Union[int, Schedule, Mapping]) -> Schedule:

@@ -44,6 +44,7 @@ class LoaderSpec:
     on_corrupt: str = "skip"            # a sample that fails to decode: "skip" (counted) or "raise"
     num_classes: Optional[int] = None   # synthetic only; the others read it from the data
     synthetic_size: int = 10_000        # synthetic only: samples per epoch over all ranks
+    measured_results: Optional[str] = None   # auto: the folder of per-machine loader figures; None: probe
     schedule: Schedule = field(init=False, repr=False)
 
     def __post_init__(self):

@@ -9,7 +9,10 @@ import torch
 
 from algorithms import build_algorithms, clashes
 from algorithms.base import Algorithm, Event
+from algorithms.durations import Duration
 from algorithms.progressive_resizing import ramp_scale, resize_batch
+from conftest import tiny_trainer
+from pipeline.schedules import ComposerRamp
 from training.config import load_config
 from training.distributed import World
 from training.trainer import Trainer
@@ -63,6 +66,26 @@ def test_colout_loader_and_batch_side(tmp_path):
     for mode in ("loader", "batch"):
         seen = run(tmp_path / mode, {"colout": {"p_row": 0.25, "p_col": 0.5, "mode": mode}}, "max_duration=1ep")
         assert set(seen) == {(24, 16)}, mode
+
+
+def test_the_trainer_builds_each_loader_once_from_its_settled_spec(tmp_path, monkeypatch):
+    """Every loader-side setting is in the spec a loader is built from, before any iteration, and
+    each loader is built exactly once: the algorithms change specs, never built loaders."""
+    import training.trainer
+    built, build = [], training.trainer.build_loader
+    monkeypatch.setattr(training.trainer, "build_loader", lambda spec: built.append(build(spec)) or built[-1])
+    trainer = tiny_trainer(tmp_path, build_algorithms({
+        "scale_schedule": {"ratio": 2.0}, "progressive_resizing": {"initial_scale": 0.5},
+        "colout": {"p_row": 0.25, "p_col": 0.25}, "fixres": {"eval_resolution": 24, "eval_crop_ratio": 0.5}}))
+    state = trainer.state
+    assert built == [state.train_loader, state.val_loader]
+    train, val = state.train_loader.spec, state.val_loader.spec
+    assert train.schedule == ComposerRamp(16, 4, initial_scale=0.5)      # over the stretched run: 2ep x 2
+    assert train.colout == (0.25, 0.25) and val.colout is None
+    assert (val.val_resolution, val.val_crop_ratio) == (24, 0.5) and state.val_loader.resolution == (24, 24)
+    assert state.config.max_duration == Duration(4, "ep") and state.total_steps == 16
+    trainer.fit()
+    assert len(built) == 2 and state.step == 16
 
 
 def test_clash_warnings(tmp_path, caplog):

@@ -7,6 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
+from algorithms.base import RunPlan
+from algorithms.durations import Duration
 from algorithms.randaugment import RandAugment
 from conftest import tiny_trainer
 from pipeline import LoaderSpec, build_loader
@@ -68,19 +70,18 @@ def test_randaugment_image_is_seeded_and_applies_depth_operations(photo, monkeyp
 
 @pytest.mark.parametrize("backend,form", [("folder", "folder"), ("webdataset", "webdataset"), ("dali", "webdataset")])
 def test_loader_side_randaugment_is_seeded_and_train_only(converted_sets, backend, form):
-    def first_batch(split, randaugment, seed=0, reconfigured=False):
+    def first_batch(split, randaugment, seed=0, by_algorithm=False):
         spec = LoaderSpec(backend, path=str(converted_sets["photos"][form]), split=split, batch_size=16,
                           resolution=64, val_resolution=64, num_workers=0 if backend != "dali" else 1, seed=seed,
-                          randaugment=None if reconfigured else randaugment, **UNIT)
-        loader = build_loader(spec)
-        if reconfigured:                      # as the algorithm does it, at INIT
-            loader.reconfigure(randaugment=randaugment)
-        images, labels = next(iter(loader))
+                          randaugment=None if by_algorithm else randaugment, **UNIT)
+        if by_algorithm:                      # as the trainer settles it, before it builds the loader
+            spec = RandAugment(*randaugment).loader_spec(spec, RunPlan(Duration(1, "ep"), steps_per_epoch=1))
+        images, labels = next(iter(build_loader(spec)))
         return images.clone(), labels.clone()
 
     plain, augmented, again = first_batch("train", None), first_batch("train", (2, 9)), first_batch("train", (2, 9))
     assert torch.equal(augmented[0], again[0]) and torch.equal(augmented[1], plain[1])
-    assert torch.equal(first_batch("train", (2, 9), reconfigured=True)[0], augmented[0])
+    assert torch.equal(first_batch("train", (2, 9), by_algorithm=True)[0], augmented[0])
     changed = (augmented[0] - plain[0]).abs().flatten(1).amax(dim=1) > 0
     assert changed.float().mean() > 0.6                          # identity alone is drawn twice in 1 of 196
     assert not torch.equal(first_batch("train", (2, 9), seed=1)[0], augmented[0])

@@ -2,12 +2,15 @@
 (length, warmup, milestones, the resolution ramp, EMA's half-life)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from algorithms.base import Algorithm, Event
+from algorithms.base import Algorithm, RunPlan, settle_loader_specs
 from algorithms.ema import EMA
 from algorithms.scale_schedule import ScaleSchedule, scale_duration, scale_resolution_schedule
-from pipeline.schedules import resolution_schedule
+from pipeline import LoaderSpec
+from pipeline.schedules import ComposerRamp, FFCVRamp, resolution_schedule
 from algorithms.durations import Duration
 from conftest import tiny_trainer
 
@@ -32,6 +35,10 @@ def test_scaled_resolution_schedules_are_the_originals_squeezed():
     assert resolution_schedule(scale_resolution_schedule(composer, 0.5)) == resolution_schedule(
         {**composer, "total_epochs": 8})
     assert scale_resolution_schedule(224, 0.5) == 224
+    # A schedule object (as an algorithm puts in a spec) is scaled as its mapping is.
+    assert scale_resolution_schedule(resolution_schedule(ffcv), 0.5) == scaled
+    assert scale_resolution_schedule(ComposerRamp(224, 16, 0.5), 0.5) == ComposerRamp(224, 8, 0.5)
+    assert isinstance(scaled, FFCVRamp)
 
 
 class Periodic(Algorithm):
@@ -71,18 +78,31 @@ def test_warmup_is_left_alone_by_default_and_ratio_one_changes_nothing(tmp_path)
 
 
 class RampFromMaxDuration(Algorithm):
-    """Like loader-mode progressive resizing: sets a composer ramp over the run's epochs at INIT."""
+    """Like loader-mode progressive resizing: sets a composer ramp over the run's epochs in the train spec."""
 
-    def match(self, event, state):
-        return event == Event.INIT
-
-    def apply(self, event, state):
-        epochs = state.config.max_duration.to_batches(state.steps_per_epoch) // state.steps_per_epoch
-        state.train_loader.reconfigure(resolution={"form": "composer", "final_res": 16, "total_epochs": epochs})
+    def loader_spec(self, spec, plan):
+        return dataclasses.replace(spec, resolution=ComposerRamp(16, plan.total_epochs)) if spec.train else spec
 
 
-def test_a_loader_schedule_set_at_init_is_scaled_in_either_order(tmp_path):
+def test_a_loader_schedule_set_before_the_loaders_is_scaled_in_either_order(tmp_path):
     for i, algorithms in enumerate([[ScaleSchedule(0.5), RampFromMaxDuration()],
                                     [RampFromMaxDuration(), ScaleSchedule(0.5)]]):
         state = tiny_trainer(tmp_path / str(i), algorithms, "max_duration=4ep").state
         assert state.total_steps == 8 and state.train_loader.spec.schedule.total_epochs == 2
+
+
+def test_the_plan_is_stretched_for_the_algorithms_after_it_only():
+    plan = RunPlan(Duration(4, "ep"), steps_per_epoch=3)
+    seen = []
+
+    class Recorder(Algorithm):
+        def run_plan(self, plan):
+            seen.append(plan.total_epochs)
+            return plan
+
+    specs, settled = settle_loader_specs([Recorder(), ScaleSchedule(0.5), Recorder()],
+                                         [LoaderSpec("synthetic"), LoaderSpec("synthetic", split="val")], plan)
+    assert seen == [4, 2] and settled.max_duration == Duration(2, "ep") and settled.total_steps == 6
+    assert [spec.split for spec in specs] == ["train", "val"]
+    with pytest.raises(ValueError, match="max_duration of 0"):
+        ScaleSchedule(0.1).run_plan(RunPlan(Duration(4, "ba"), 3))

@@ -59,7 +59,7 @@ def test_each_setting_gets_its_loader_rounds_alternate_and_the_best_is_the_top_m
 
 
 def test_a_run_killed_after_its_first_round_leaves_that_round_and_says_it_was_cut(converted_sets, tmp_path):
-    """As a GPU lease's deadline kills it (SIGKILL: nothing at exit runs)."""
+    """As a job killed at its time limit is ended (SIGKILL: nothing at exit runs)."""
     fashion = converted_sets["fashion"]
     out = tmp_path / "out.json"
     command = [sys.executable, str(TOOLS / "compare_settings.py"), "--config", str(RECIPE), *tiny(fashion["folder"]),

@@ -13,11 +13,11 @@ import torch
 from PIL import Image
 
 from pipeline import LoaderSpec, build_loader, decode_engine, jpeg_roi
-from pipeline.backends.webdataset import StoredShards
+from pipeline.shard_index import StoredShards
 from pipeline.colout import kept_indices, sample_generator
 from pipeline.crops import UNIFORMS_PER_SAMPLE, center_crop, compiled_sample_uniforms, sample_uniforms, train_crop
 from pipeline.datasets import read_converted
-from pipeline.worker_decode import _pil_crop
+from pipeline.sample_decode import _pil_crop
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ measures the model alone and then each setting's loader feeding the real train s
 settings' order rotating from round to round. A setting's figure in a round is its rate
 together as a share of that round's model alone; the report gives each setting's median share,
 its loader-alone rate (measured once, before the rounds), and in how many rounds the best one
-beat each other one. --json is written after every round, so a run cut short (a GPU lease's
-deadline) leaves the rounds it finished, and its report says so. Every figure is as training
+beat each other one. --json is written after every round, so a run cut short (a job killed at
+its time limit) leaves the rounds it finished, and its report says so. Every figure is as training
 runs (no sync per step: the host fetches the next batch while the device computes), over
 --steps steps after --warmup untimed ones; as in diagnose.py every pass re-runs epoch --epoch,
 so a resolution schedule stays at that size.
@@ -36,15 +36,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from algorithms.base import Event  # noqa: E402
-from measuring import (load_measuring_config, measure, real_train_step, run_one_rank, synthetic_twin,  # noqa: E402
+from measuring import (load_measuring_config, measure, measured_run, run_one_rank, synthetic_twin,  # noqa: E402
                        write_figures)
 from pipeline import build_loader  # noqa: E402
 from training.config import ConfigError  # noqa: E402
-from training.distributed import init_world  # noqa: E402
-from training.main import algorithms_from_config  # noqa: E402
 from training.step_stream import StepStream  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
 
 LOADER_KEYS = ("backend", "path", "num_workers", "hw_decoder_load")   # data.<key>: fields of the loader spec
 SETTING_KEYS = (*(f"data.{key}" for key in LOADER_KEYS), "step_stream")
@@ -98,12 +94,10 @@ def read_settings(texts: list[str], recipe: str | None, overrides: list[str], ru
     return settings
 
 
-def compare(args, config, algorithms, settings: list[Setting]) -> dict:
-    world = init_world(config.device)
-    trainer = Trainer(config, world, algorithms)     # builds loaders and model, fires INIT
-    state, device = trainer.state, world.device
-    trainer.engine.fire(Event.FIT_START, state)
-    recipe_loader, recipe_stream, train_step = state.train_loader, trainer.step_stream, real_train_step(trainer)
+def compare(args, config, settings: list[Setting]) -> dict:
+    trainer = measured_run(config)
+    state, device = trainer.state, trainer.world.device
+    recipe_loader, recipe_stream, train_step = state.train_loader, trainer.step_stream, trainer.train_step
     try:
         streams = {s.name: StepStream(device, s.step_stream) for s in settings}
         loaders = {s.name: build_loader(dataclasses.replace(recipe_loader.spec, **s.loader_changes))
@@ -192,7 +186,7 @@ def main(argv=None) -> int:
     def measure_run(run_dir: str) -> dict:
         settings = read_settings(args.setting, args.config, args.overrides, run_dir)
         config = load_measuring_config(args.config, args.overrides, run_dir)
-        return compare(args, config, algorithms_from_config(config.algorithms), settings)
+        return compare(args, config, settings)
     return run_one_rank("compare_settings.py", args, measure_run, report)
 
 

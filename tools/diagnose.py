@@ -26,10 +26,11 @@ Defaults: 100 timed steps after 10 warm-up ones per
 figure, chosen so that the fashion recipe finishes in about 2 minutes on 2 CPU cores (longer
 when other jobs share them); --steps 300 gives steadier figures.
 
-The run is built by `training.trainer.Trainer` itself, so the recipe's algorithms ARE
-applied as in training: their INIT effects (loader-side progressive resizing, ColOut,
-RandAugment; model surgery) and their per-step hooks (FIT_START once, then AFTER_DATALOADER
-to BATCH_END every step); nothing is evaluated or saved.
+The run is built as training builds it (training/run.py) and every step is the trainer's own
+(`Trainer.train_step`), so the recipe's algorithms ARE applied as in training: their INIT
+effects (loader-side progressive resizing, ColOut, RandAugment; model surgery) and their
+per-step hooks (FIT_START once, then AFTER_DATALOADER to BATCH_END every step); nothing is
+evaluated or saved.
 
 Verdict (NOISE = 10%): DATA-BOUND when the loader alone delivers less than 90% of the model
 alone's img/s, or the together run waits for data more than 10% of the time; otherwise
@@ -61,11 +62,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import torch  # noqa: E402
 
-from algorithms.base import Event  # noqa: E402
 from benchmarks.hardware import results_path, signature  # noqa: E402
-from measuring import load_measuring_config, measure, real_train_step, run_one_rank, synthetic_twin  # noqa: E402
+from measuring import load_measuring_config, measure, measured_run, run_one_rank, synthetic_twin  # noqa: E402
 from training.distributed import init_world  # noqa: E402
-from training.main import algorithms_from_config  # noqa: E402
 from training.precision import autocast_for  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
@@ -243,7 +242,7 @@ def other_precision(trainer: Trainer, args, device: torch.device) -> dict | None
     trainer.autocast = state.autocast = autocast_for(device, other)
     try:
         quick = measure(synthetic_twin(state.train_loader), args.epoch, min(args.warmup, 3),
-                        max(5, args.steps // 10), device, real_train_step(trainer))
+                        max(5, args.steps // 10), device, trainer.train_step)
     finally:
         trainer.autocast = state.autocast = saved
     return {"precision": other, "img_per_s": round(quick["img_per_s"], 1)}
@@ -258,21 +257,19 @@ def lower_resolution(trainer: Trainer, args, figures: dict, device: torch.device
     if trainer.config.compile:
         return {"side": new_side, "img_per_s": figures["model_img_per_s"] * (side / new_side) ** 2, "measured": False}
     loader = synthetic_twin(trainer.state.train_loader, resolution=new_side)
-    quick = measure(loader, args.epoch, min(args.warmup, 5), max(5, args.steps // 4), device,
-                    real_train_step(trainer))
+    quick = measure(loader, args.epoch, min(args.warmup, 5), max(5, args.steps // 4), device, trainer.train_step)
     return {"side": new_side, "img_per_s": quick["img_per_s"], "measured": True}
 
 
 # --- the run -----------------------------------------------------------------------------
-def diagnose(args, config, algorithms) -> dict:
+def diagnose(args, config) -> dict:
     world = init_world(config.device)
     cores, ranks = os.cpu_count() or 1, args.ranks_per_machine
     if world.device.type == "cpu" and ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, cores // ranks))   # this rank's share, as in a multi-rank run
-    trainer = Trainer(config, world, algorithms)     # builds loaders and model, fires INIT
+    trainer = measured_run(config, world)
     state, device = trainer.state, world.device
-    trainer.engine.fire(Event.FIT_START, state)       # e.g. EMA and SAM set themselves up here
-    loader, train_step = state.train_loader, real_train_step(trainer)
+    loader, train_step = state.train_loader, trainer.train_step
     spec = loader.spec
 
     alone = measure(loader, args.epoch, args.warmup, args.steps, device)
@@ -343,8 +340,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
 
     def measure_run(run_dir: str) -> dict:
-        config = load_measuring_config(args.config, args.overrides, run_dir)
-        return diagnose(args, config, algorithms_from_config(config.algorithms))
+        return diagnose(args, load_measuring_config(args.config, args.overrides, run_dir))
     return run_one_rank("diagnose.py", args, measure_run, report,
                         " (--ranks-per-machine says how many ranks share the machine)")
 

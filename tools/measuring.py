@@ -1,11 +1,12 @@
 """What the measuring tools (diagnose.py, compare_settings.py) share: the real train step and
 loaders timed in one process, one rank's view, and their main.
 
-`measure` times a loader alone or feeding the real train step (`real_train_step`: the step as
-Trainer._train_epoch takes it, events and step stream included), pass after pass over one
-epoch so that a resolution schedule stays at that epoch's size; `synthetic_twin` is the
-model-alone feed. `run_one_rank` is the tools' main: a throw-away run directory, one-line
-errors, the report printed and the figures written atomically.
+`measured_run` builds the run as training does (training/run.py) and starts it as fit does;
+`measure` times a loader alone or feeding its train step (`Trainer.train_step`: the step fit
+takes, events and step stream included), pass after pass over one epoch so that a resolution
+schedule stays at that epoch's size; `synthetic_twin` is the model-alone feed. `run_one_rank`
+is the tools' main: a throw-away run directory, one-line errors, the report printed and the
+figures written atomically.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from pipeline import build_loader  # noqa: E402
 from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 from pipeline.datasets import DatasetError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
-from training.main import USAGE_ERROR  # noqa: E402
+from training.distributed import World  # noqa: E402
+from training.run import USAGE_ERROR, build_run  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
 
@@ -43,25 +45,21 @@ def passes(loader, epoch: int):
         yield from loader
 
 
-def real_train_step(trainer: Trainer):
-    """One optimizer step on a batch exactly as Trainer._train_epoch takes it, events included."""
-    state, engine = trainer.state, trainer.engine
-
-    def train_step(images, targets):
-        with trainer.step_stream.around(images, targets):
-            state.images, state.targets = images, targets
-            engine.fire(Event.AFTER_DATALOADER, state)
-            trainer.optimizer_step()
-            state.step, state.samples_seen = state.step + 1, state.samples_seen + targets.shape[0]
-            engine.fire(Event.BATCH_END, state)
-    return train_step
+def measured_run(config, world: World | None = None) -> Trainer:
+    """The run as training builds it (loaders and model, INIT fired; in `world`, else this
+    process's), started as fit starts it: FIT_START fired (EMA and SAM set themselves up there).
+    Its steps: `trainer.train_step`; nothing is evaluated or saved."""
+    trainer = build_run(config, world)
+    trainer.engine.fire(Event.FIT_START, trainer.state)
+    return trainer
 
 
 def measure(loader, epoch: int, warmup: int, steps: int, device: torch.device, train_step=None,
             sync_each_step: bool = True) -> dict:
-    """img/s over `steps` batches after `warmup`, and the seconds spent waiting for batches vs in steps.
-    Without `sync_each_step` the host runs ahead of the device as in training, fetching the next
-    batch while the GPU works: img/s is then the training rate, and the wait is not GPU idle time."""
+    """img/s over `steps` batches after `warmup`, and the seconds spent waiting for batches vs in steps
+    (`train_step(images, targets)`: a Trainer's; None fetches batches alone). Without `sync_each_step`
+    the host runs ahead of the device as in training, fetching the next batch while the GPU works:
+    img/s is then the training rate, and the wait is not GPU idle time."""
     batches = passes(loader, epoch)
     try:
         for _ in range(warmup):

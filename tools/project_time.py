@@ -22,7 +22,7 @@ How the projection is made, and what it leaves out:
 Start-up, torch.compile, checkpoints and the epochs' ends are not counted. The time is to
 the end of the recipe, not to an accuracy: which accuracy the recipe reaches on ImageNet is a
 separate claim, and needs runs of its own.
-Published figures to set it beside (as quoted in issue 17, not re-measured here): MLPerf
+Published figures to set it beside, not re-measured here: MLPerf
 Training v4.0's best 8xH100 ResNet-50, about 13.2 minutes to 75.9%; MosaicML's Mild recipe,
 75.9% in 23.8 minutes on 8xA100; NVIDIA's test floor for DALI's RN50 pipeline on one Hopper
 GPU, about 19,000 img/s with 70 CPU threads.
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 from training.distributed import init_world  # noqa: E402
-from training.main import USAGE_ERROR, algorithms_from_config  # noqa: E402
+from training.run import USAGE_ERROR, algorithms_from_config  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
 IMAGENET_TRAIN, IMAGENET_VAL = 1_281_167, 50_000

@@ -75,7 +75,10 @@ def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 
 def find(store: "CheckpointStore", resume: str) -> Optional[tuple[Path, dict]]:
-    """(path, checkpoint) that resume= names (auto: the newest that loads in `store`), or None."""
+    """(path, checkpoint) that resume= names (auto: the newest that loads in `store`), or None
+    (never, or auto in a new run)."""
+    if resume == "never":
+        return None
     if resume == "auto":
         return store.load_newest()
     try:

@@ -41,6 +41,7 @@ class DataConfig:
     on_corrupt: Literal["skip", "raise"] = "skip"
     num_classes: Optional[int] = None     # synthetic only
     synthetic_size: int = 10_000          # synthetic only
+    measured_results: str = ""            # auto: the folder of per-machine loader figures ('': probe)
 
     def loader_spec(self, split: str, **placement) -> LoaderSpec:
         batch_size = self.batch_size if split == "train" else (self.val_batch_size or self.batch_size)
@@ -50,7 +51,8 @@ class DataConfig:
                           ratio=self.ratio, colout=self.colout, randaugment=self.randaugment,
                           num_workers=self.num_workers, hw_decoder_load=self.hw_decoder_load, mean=self.mean,
                           std=self.std, on_corrupt=self.on_corrupt, num_classes=self.num_classes,
-                          synthetic_size=self.synthetic_size, **placement)
+                          synthetic_size=self.synthetic_size,
+                          measured_results=self.measured_results or None, **placement)
 
 
 @dataclass

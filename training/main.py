@@ -18,16 +18,15 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from algorithms import build_algorithms  # noqa: E402
 from pipeline.base import LoaderWorkerDied  # noqa: E402
 from pipeline.datasets import DatasetError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 from training import distributed  # noqa: E402
-from training.distributed import close_world, init_world  # noqa: E402
+from training.distributed import close_world  # noqa: E402
+from training.run import USAGE_ERROR, build_run  # noqa: E402
 from training.stop_requests import Preempted, RunFault  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
 
-USAGE_ERROR, FAULT = 2, 1
+FAULT = 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,9 +43,7 @@ def main(argv=None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config, args.overrides)
-        algorithms = algorithms_from_config(config.algorithms)
-        world = init_world(config.device)
-        Trainer(config, world, algorithms).fit()
+        build_run(config).fit()
     # Every rank meets these at the same point, so the process group can be closed together.
     except (ConfigError, DatasetError) as error:
         return finish(f"error: {error}" if rank == 0 else "", USAGE_ERROR)
@@ -96,20 +93,13 @@ def exit_now(message: str) -> None:
         os._exit(FAULT)
 
 
-def algorithms_from_config(settings: dict):
-    try:
-        return build_algorithms(settings)
-    except ValueError as error:
-        raise ConfigError(f"config key 'algorithms': {error}") from None
-
-
 def exit_after_success() -> None:
     """End a finished run without interpreter teardown. There, torch's gloo threads intermittently
     abort a finished rank (SIGABRT, `terminate called without an active exception`, after rank 0's
-    `done` line: twice in the test suite's tiny runs over several sessions here), which torchrun
-    reports as a failed run. Everything is written, fsynced and closed by now, and the process
-    group destroyed; DataLoader workers die with this process (pipeline/worker_decode.py). No
-    gc.collect() first: it ran numba's dispatcher finalizers, which print a harmless KeyError."""
+    `done` line: twice in the test suite's tiny runs), which torchrun reports as a failed run.
+    Everything is written, fsynced and closed by now, and the process group destroyed; DataLoader
+    workers die with this process (pipeline/loader_workers.py). No gc.collect() first: it ran
+    numba's dispatcher finalizers, which print a harmless KeyError."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

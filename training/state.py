@@ -18,13 +18,13 @@ from training.distributed import World
 
 @dataclass
 class State:
-    config: Config                         # at INIT algorithms may still change durations and settings
+    config: Config                         # at INIT algorithms may still change schedules and records
     world: World
     model: nn.Module                       # the bare model (algorithms change its modules at INIT)
-    train_loader: Any
+    train_loader: Any                      # built once, from the specs the algorithms settled
     val_loader: Any
     num_classes: int
-    steps_per_epoch: int
+    steps_per_epoch: int                   # train batches per epoch on each rank
     algorithms: list = field(default_factory=list)
     autocast: Callable[[], Any] = None     # the run's autocast context (what the loop runs forward under)
     # made after INIT

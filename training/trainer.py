@@ -1,6 +1,8 @@
 """The training loop: builds a run from a Config, trains with DDP, AMP and channels-last,
 fires the events (algorithms/base.py) at the points they name, evaluates, checkpoints and
-resumes exactly. `Trainer(config, world, algorithms).fit()` returns the run's summary.
+resumes exactly. `Trainer(config, world, algorithms).fit()` returns the run's summary
+(training/run.py builds one from a config alone); `train_step(images, targets)` is the one step
+fit takes per batch, for code that drives steps itself (tools/measuring.py).
 
 It stops every rank at the same step when asked (SIGTERM, SIGUSR1: a checkpoint of that step,
 then `Preempted`) or when rank 0 cannot write the run directory (`RunFault`, earlier
@@ -19,8 +21,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from algorithms import clashes
-from algorithms.base import Event
-from pipeline import build_loader
+from algorithms.base import Event, RunPlan, settle_loader_specs
+from pipeline import batches_per_epoch, build_loader
 from training import distributed as dist
 from training import checkpoints
 from training.config import Config, ConfigError
@@ -38,15 +40,16 @@ from training.stop_requests import Preempted, RunFault, StopRequests
 from training.typed_config import to_plain
 
 log = logging.getLogger("training")
-_UNREAD = object()      # the checkpoint to resume from, before anything looked for it
 
 
 class Trainer:
     def __init__(self, config: Config, world: dist.World, algorithms=()):
         self.config, self.world = config, world
         self._precision_choice = None         # what precision=auto picked, and why
-        self._resume_source = _UNREAD         # (path, checkpoint) to resume from, or None: read once
         self.store = checkpoints.CheckpointStore(Path(config.run_dir) / "checkpoints", config.checkpoint.keep)
+        # (path, checkpoint) this run goes on from, or None: read once, here, because precision=auto
+        # keeps the precision it was trained in; _resume restores it and lets it go
+        self._resume_from = checkpoints.find(self.store, config.resume)
         device = world.device
         if config.precision == "auto" and device.type == "cuda":
             self._precision_choice = gpu_precision()    # before INIT: algorithms check it (SAM refuses fp16)
@@ -64,11 +67,21 @@ class Trainer:
         torch.use_deterministic_algorithms(config.deterministic)
         torch.backends.cudnn.benchmark = not config.deterministic
         placement = dict(device=str(device), rank=world.rank, world_size=world.size, seed=config.seed)
-        train_loader = build_loader(config.data.loader_spec("train", **placement))
-        val_loader = build_loader(config.data.loader_spec("val", **placement))
-        if len(train_loader) == 0:
+        specs = [config.data.loader_spec(split, **placement) for split in ("train", "val")]
+        steps_per_epoch = batches_per_epoch(specs[0])
+        if steps_per_epoch == 0:
             raise ConfigError(f"data.batch_size={config.data.batch_size} x {world.size} ranks is more than the "
                               f"train split holds: no full batch per epoch")
+        # The run's length and the loaders' settings are settled before anything is built, so
+        # that each loader is built once, from its final spec. A setting a loader cannot take
+        # (e.g. RandAugment in FFCV) is a config error, reported as one.
+        try:
+            (train_spec, val_spec), plan = settle_loader_specs(algorithms, specs,
+                                                               RunPlan(config.max_duration, steps_per_epoch))
+        except ValueError as error:
+            raise ConfigError(f"config key 'algorithms': {error}") from None
+        config.max_duration = plan.max_duration       # as stretched (ScaleSchedule): the run's length
+        train_loader, val_loader = build_loader(train_spec), build_loader(val_spec)
 
         torch.manual_seed(config.seed)          # the same initial weights on every rank
         model = build_model(config.model.name, train_loader.num_classes, zero_init_residual=config.model.zero_init_residual,
@@ -78,14 +91,14 @@ class Trainer:
         self.autocast = autocast_for(device, config.precision)
         state = self.state = State(config=config, world=world, model=model, train_loader=train_loader,
                                    val_loader=val_loader, num_classes=train_loader.num_classes,
-                                   steps_per_epoch=len(train_loader), algorithms=list(algorithms),
+                                   steps_per_epoch=steps_per_epoch, algorithms=list(algorithms),
                                    autocast=self.autocast)
         self.engine = Engine(algorithms)
         for warning in clashes(config.algorithms, config.loss.label_smoothing) if world.is_main else ():
             log.warning("algorithms clash: %s", warning)
-        # Model surgery, loader settings and duration changes happen here, before anything
-        # holds on to the model's parameters or to the run's length. A setting the loader or
-        # model cannot take (e.g. RandAugment in FFCV) is a config error, reported as one.
+        # Model surgery and the config's records of the settled run (scaled schedules, the eval
+        # resolution) happen here, before anything holds on to the model's parameters. A
+        # setting the model cannot take is a config error, reported as one.
         try:
             self.engine.fire(Event.INIT, state)
         except ValueError as error:
@@ -118,20 +131,13 @@ class Trainer:
         """precision=auto on a CPU: the precision of the checkpoint this run resumes from, else the
         faster of fp32 and bf16 as rank 0 measured it (every rank measures, sharing the cores as in
         training) at the batch and image size the loader starts with (a schedule's first side)."""
-        found = self._checkpoint_to_resume() if self.config.resume != "never" else None
+        found = self._resume_from
         saved = found[1]["config"]["precision"] if found else None
         if saved in ("fp32", "bf16"):     # not fp16 from a GPU: that run's numerics cannot go on here
             return {"precision": saved, "why": f"as trained before, by checkpoint {found[0].name}"}
         choice = probe_cpu_precision(model, self.config.data.batch_size, train_loader.resolution,
                                      train_loader.num_classes, self.config.channels_last)
         return dist.broadcast_from_main(choice, self.world)
-
-    def _checkpoint_to_resume(self):
-        """(path, checkpoint) that resume= names (auto: the newest that loads), or None; read once, as
-        precision=auto reads it in __init__ before _resume restores it."""
-        if self._resume_source is _UNREAD:
-            self._resume_source = checkpoints.find(self.store, self.config.resume)
-        return self._resume_source
 
     # --- the run --------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -192,21 +198,11 @@ class Trainer:
         interval_start, interval_samples, interval_steps, epoch_samples = time.perf_counter(), 0, 0, 0
         loss_sum = torch.zeros((), device=world.device)
         for images, targets in state.train_loader:
-            dist.doing(f"training step {state.step + 1}")
             phases.lap("data")
-            with self.step_stream.around(images, targets):
-                state.images, state.targets = images, targets
-                self.engine.fire(Event.AFTER_DATALOADER, state)
-                phases.lap("hooks")
-                loss_sum += self.optimizer_step()
-                samples = targets.shape[0] * world.size
-                state.step, state.batch_in_epoch = state.step + 1, state.train_loader.position
-                state.samples_seen += samples
-                interval_samples, interval_steps, epoch_samples = (interval_samples + samples, interval_steps + 1,
-                                                                   epoch_samples + samples)
-                phases.lap("other")
-                self.engine.fire(Event.BATCH_END, state)
-                phases.lap("hooks")
+            loss_sum += self.train_step(images, targets)
+            samples = targets.shape[0] * world.size
+            interval_samples, interval_steps, epoch_samples = (interval_samples + samples, interval_steps + 1,
+                                                               epoch_samples + samples)
             if state.step % config.log.interval == 0 or state.batch_in_epoch == state.steps_per_epoch:
                 loss = dist.all_reduce_sum(loss_sum, world).item() / (world.size * interval_steps)
                 now = time.perf_counter()
@@ -239,6 +235,26 @@ class Trainer:
         if epoch_samples:
             self.log.print(f"epoch {state.epoch + 1}/{state.epochs}: {epoch_samples / seconds:,.0f} img/s, "
                            f"lr {state.lr:.4g}, resolution {state.train_loader.resolution}")
+
+    def train_step(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One training step on a batch from the train loader, as fit takes every one: AFTER_DATALOADER,
+        the optimizer step, the counters, BATCH_END, on the step stream, its phases lapped (fit laps
+        "data" before it). Returns the batch's mean loss, on the device (reading it waits for the
+        step). The loop around it (epochs, metrics, checkpoints, evaluation) is fit's; the tools that
+        time training steps (tools/measuring.py) call this alone."""
+        state, phases = self.state, self.phases
+        dist.doing(f"training step {state.step + 1}")
+        with self.step_stream.around(images, targets):
+            state.images, state.targets = images, targets
+            self.engine.fire(Event.AFTER_DATALOADER, state)
+            phases.lap("hooks")
+            loss = self.optimizer_step()
+            state.step, state.batch_in_epoch = state.step + 1, state.train_loader.position
+            state.samples_seen += targets.shape[0] * self.world.size
+            phases.lap("other")
+            self.engine.fire(Event.BATCH_END, state)
+            phases.lap("hooks")
+        return loss
 
     def optimizer_step(self) -> torch.Tensor:
         """One optimizer step over the batch in state, in `grad_accum` micro-batches; the batch's mean loss."""
@@ -362,7 +378,7 @@ class Trainer:
                 raise ConfigError(f"run_dir {self.config.run_dir} already has checkpoints; resume=auto continues "
                                   f"that run, or pick another run_dir")
             return
-        found, self._resume_source = self._checkpoint_to_resume(), None    # not kept in memory after this
+        found, self._resume_from = self._resume_from, None    # not kept in memory after this
         if found is None:
             return
         path, checkpoint = found

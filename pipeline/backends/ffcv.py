@@ -14,7 +14,8 @@ What we add to FFCV, and why:
   is set on the loader object after construction because Loader(order=<TraversalOrder
   subclass>) is rejected by an `isinstance` check in FFCV 1.0.2.
 - Normalization after the batch leaves FFCV: it writes a new tensor, so FFCV's reused
-  output buffers never reach the caller (and it avoids the CPU NormalizeImage hang, NOTES).
+  output buffers never reach the caller, and FFCV's own NormalizeImage is never used: on a CPU
+  device it leaves FFCV's loader looping forever, no batch ever coming out.
 The scheduled resolution is set on the decoder at `set_epoch` (`output_size`), which FFCV
 applies at the next epoch without recompiling. ColOut acts on the uint8 batch.
 """
@@ -40,7 +41,7 @@ from numba.extending import intrinsic
 
 from pipeline.base import Loader
 from pipeline.crops import UNIFORMS_PER_SAMPLE, compiled_sample_uniforms, random_resized_crop
-from pipeline.datasets import DatasetError, read_converted
+from pipeline.datasets import CONVERTERS, DatasetError, read_converted
 from pipeline.sharding import batch_count, rank_samples
 from pipeline.spec import LoaderSpec
 
@@ -119,36 +120,21 @@ class FFCVLoader(Loader):
         try:
             fields = Reader(str(beton)).handlers
         except Exception as error:  # FFCV raises assorted errors on a file that is not a .beton
-            raise DatasetError(f"{beton}: not a readable FFCV .beton ({error!r}); run tools/convert_ffcv.py again") \
-                from None
+            raise DatasetError(f"{beton}: not a readable FFCV .beton ({error!r}); "
+                               f"run {CONVERTERS['ffcv']} again") from None
         if set(fields) != {"image", "label"}:
-            raise DatasetError(f"{beton}: fields {sorted(fields)}, expected image and label (tools/convert_ffcv.py)")
+            raise DatasetError(f"{beton}: fields {sorted(fields)}, expected image and label "
+                               f"({CONVERTERS['ffcv']} writes them)")
         self.count = data.count
         side = spec.resolution_at(0)
         if spec.train:
             self.decoder = SeededRandomResizedCrop((side, side), spec.scale, spec.ratio, spec.seed)
         else:
             self.decoder = CenterCropRGBImageDecoder((side, side), ratio=spec.val_crop_ratio)
-        self.beton = beton
         self.order = _FixedOrder()
         self._ids = np.zeros(0, dtype=np.int64)
-        self._ffcv = None
         super().__init__(spec, len(data.classes))
-
-    @property
-    def ffcv(self) -> FFCVBaseLoader:
-        """FFCV's loader, built (and its pipeline compiled) at the first iteration, so that
-        `reconfigure` can still change what the compiled code bakes in (the val crop ratio)."""
-        if self._ffcv is None:
-            spec = self.spec
-            to_device = [ToDevice(torch.device(spec.device), non_blocking=True)] if spec.device.startswith("cuda") else []
-            self._ffcv = FFCVBaseLoader(
-                str(self.beton), batch_size=spec.batch_size, num_workers=max(1, spec.num_workers), os_cache=True,
-                order=OrderOption.SEQUENTIAL, drop_last=False,
-                pipelines={"image": [self.decoder, ToTensor(), ToTorchImage(channels_last=True), *to_device],
-                           "label": [IntDecoder(), ToTensor(), *to_device]})
-            self._ffcv.traversal_order = self.order
-        return self._ffcv
+        self.ffcv = _ffcv_loader(beton, spec, self.decoder, self.order)
 
     def _prepare_epoch(self, epoch: int) -> None:
         spec = self.spec
@@ -157,8 +143,6 @@ class FFCVLoader(Loader):
         self.decoder.output_size = (self.side, self.side)
         if spec.train:
             self.decoder.epoch[0] = epoch
-        else:
-            self.decoder.ratio = spec.val_crop_ratio
 
     def __len__(self) -> int:
         return batch_count(len(self._ids), self.spec.batch_size, drop_last=False)
@@ -174,6 +158,25 @@ class FFCVLoader(Loader):
                 yield index, self._to_model_input(images), labels.to(self.device, torch.int64, copy=True).view(-1)
         finally:
             _stop(epoch_thread)
+
+
+def _ffcv_loader(beton, spec: LoaderSpec, decoder, order: _FixedOrder) -> FFCVBaseLoader:
+    """FFCV's loader on `beton`, reading in `order`. Its constructor sets torch's thread count to
+    its workers (`Compiler.set_num_threads`), which it does again at each epoch's start: the
+    count is put back here, so that a loader built but not yet iterated changes nothing (the
+    trainer's CPU precision probe runs between the two)."""
+    to_device = [ToDevice(torch.device(spec.device), non_blocking=True)] if spec.device.startswith("cuda") else []
+    threads = torch.get_num_threads()
+    try:
+        loader = FFCVBaseLoader(
+            str(beton), batch_size=spec.batch_size, num_workers=max(1, spec.num_workers), os_cache=True,
+            order=OrderOption.SEQUENTIAL, drop_last=False,
+            pipelines={"image": [decoder, ToTensor(), ToTorchImage(channels_last=True), *to_device],
+                       "label": [IntDecoder(), ToTensor(), *to_device]})
+    finally:
+        torch.set_num_threads(threads)
+    loader.traversal_order = order
+    return loader
 
 
 def _stop(epoch_thread) -> None:

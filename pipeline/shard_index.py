@@ -1,0 +1,124 @@
+"""A WebDataset split's shards as one indexed array of samples, and each epoch's batches
+planned from that index alone (no image read), so a plan depends on neither thread nor
+worker counts and resuming at batch b simply starts there.
+
+How an epoch is cut up, so that it is exact and resumable while still streaming:
+- the split's shards are concatenated in an order drawn from (seed, epoch), and the
+  stream is rotated by a random offset, so ranks see other samples every epoch; val keeps
+  the stored order;
+- each rank takes a contiguous range of that stream (train: `n // world_size` samples each;
+  val: every sample exactly once, as `pipeline.sharding` says), shuffled within a window
+  (train, `pipeline/buffer_shuffle.py`), and cut into batches;
+- each sample is read in one `pread` of its image and label at the offsets the index gives
+  (no tar header parsed, nothing unpickled, only the `.jpg` and `.lbl` members).
+"""
+from __future__ import annotations
+
+import bisect
+import os
+
+import numpy as np
+
+from pipeline import decode_engine
+from pipeline.buffer_shuffle import buffer_shuffle
+from pipeline.crops import sample_seed
+from pipeline.datasets import CONVERTERS, DatasetError, SampleName, Shard
+from pipeline.sharding import batch_count, rank_range
+from pipeline.spec import LoaderSpec
+
+SHUFFLE_BUFFER = 1000
+
+
+def stream_pieces(counts: list[int], lo: int, hi: int, epoch: int, seed: int,
+                  shuffle: bool) -> list[tuple[int, int, int]]:
+    """(shard, begin, end) pieces holding the epoch stream's positions [lo, hi)."""
+    total = sum(counts)
+    rng = np.random.default_rng((seed, epoch, 1))
+    order = rng.permutation(len(counts)) if shuffle else np.arange(len(counts))
+    rotation = int(rng.integers(total)) if shuffle else 0
+    starts = np.concatenate([[0], np.cumsum([counts[s] for s in order])])
+    pieces = []
+    position = lo
+    while position < hi:
+        stored = (position + rotation) % total
+        slot = bisect.bisect_right(starts, stored) - 1
+        begin = stored - starts[slot]
+        length = min(hi - position, counts[order[slot]] - begin)
+        pieces.append((int(order[slot]), int(begin), int(begin + length)))
+        position += length
+    return pieces
+
+
+def unreadable(tar, error: OSError) -> DatasetError:
+    return DatasetError(f"{tar}: unreadable shard ({error.strerror or error}); run {CONVERTERS['webdataset']} again")
+
+
+class StoredShards:
+    """The split's shards as one array of samples: per stored sample id its shard, and the
+    offsets of its image and label; open files are kept per process (a forked worker opens
+    its own)."""
+
+    def __init__(self, shards: list[Shard]):
+        self.shards = shards
+        self.counts = [shard.count for shard in shards]
+        self.shard_of = np.repeat(np.arange(len(shards), dtype=np.int32), self.counts)
+        self.members = np.concatenate([shard.members for shard in shards]) if shards else np.empty((0, 3), np.int64)
+        self._files: dict[int, int] = {}
+        self._opened_by = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.shard_of)
+
+    def epoch_batches(self, spec: LoaderSpec, epoch: int) -> list[np.ndarray]:
+        """The stored sample ids of each of this rank's batches in this epoch."""
+        lo, hi = rank_range(len(self), spec.rank, spec.world_size, shuffle=spec.train)
+        firsts = np.concatenate([[0], np.cumsum(self.counts)])
+        ids = [np.arange(firsts[s] + begin, firsts[s] + end)
+               for s, begin, end in stream_pieces(self.counts, lo, hi, epoch, spec.seed, spec.train)]
+        ids = np.concatenate(ids) if ids else np.empty(0, np.int64)
+        if spec.train:
+            seed = sample_seed(spec.seed + 7919 * spec.rank, epoch, 0)
+            ids = np.fromiter(buffer_shuffle(ids.tolist(), SHUFFLE_BUFFER, seed), np.int64, len(ids))
+        size = spec.batch_size
+        return [ids[b * size:(b + 1) * size] for b in range(batch_count(len(ids), size, spec.drop_last))]
+
+    def fd(self, shard_index: int) -> int:
+        if self._opened_by != os.getpid():            # a forked worker: the parent's files are not ours to share
+            self._files, self._opened_by = {}, os.getpid()
+        if shard_index not in self._files:
+            tar = self.shards[shard_index].tar
+            try:
+                self._files[shard_index] = os.open(tar, os.O_RDONLY)
+            except OSError as error:
+                raise unreadable(tar, error) from None
+        return self._files[shard_index]
+
+    def located(self, ids: np.ndarray) -> decode_engine.StoredSamples:
+        shards, which = np.unique(self.shard_of[ids], return_inverse=True)      # one fd lookup a shard
+        fds = np.array([self.fd(int(shard)) for shard in shards], np.int32)[which]
+        members = self.members[ids]
+        return decode_engine.StoredSamples(ids, fds, members[:, 0], members[:, 1], members[:, 2])
+
+    def name(self, sample_id: int) -> SampleName:
+        shard = self.shards[int(self.shard_of[sample_id])]
+        return SampleName(shard, int(sample_id) - shard.first_sample)
+
+    def read(self, sample_id: int) -> tuple[bytes, int]:
+        """One sample's JPEG bytes and label, in one read."""
+        shard_index = int(self.shard_of[sample_id])
+        image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
+        first = min(image_at, label_at)
+        try:
+            chunk = os.pread(self.fd(shard_index), max(image_at + image_size, label_at + 4) - first, first)
+        except OSError as error:
+            raise unreadable(self.shards[shard_index].tar, error) from None
+        label = int.from_bytes(chunk[label_at - first:label_at - first + 4], "little", signed=True)
+        return chunk[image_at - first:image_at - first + image_size], label
+
+    def close(self) -> None:
+        if self._opened_by == os.getpid():
+            for fd in self._files.values():
+                os.close(fd)
+        self._files = {}
+
+    __del__ = close
