@@ -5,9 +5,9 @@
                                  [--train-images 1281167] [--val-images 50000] [--json PATH]
 
 How the projection is made, and what it leaves out:
-1. The recipe's train side per epoch comes from `training.trainer.Trainer` itself, built on
+1. The recipe's train side per epoch comes from the run training builds (`training.run.build_run`), on
    the `synthetic` backend with the dataset's size split over the GPUs, so scale_schedule,
-   progressive resizing and every other INIT effect act exactly as in training.
+   progressive resizing and every other effect on the run act exactly as in training.
 2. The per-GPU rate at a side is what `tools/diagnose.py --json` measured together, the real
    loader feeding the real train step on one GPU: as training runs (`free_running`, always
    there on CUDA), else with a sync per step (`together_img_per_s`). At least two sides must
@@ -40,9 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
-from training.distributed import init_world  # noqa: E402
-from training.run import USAGE_ERROR, algorithms_from_config  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
+from training.run import USAGE_ERROR, build_run  # noqa: E402
 
 IMAGENET_TRAIN, IMAGENET_VAL = 1_281_167, 50_000
 PUBLISHED = ["MLPerf Training v4.0, best 8xH100 ResNet-50: about 13.2 min to 75.9%",
@@ -60,7 +58,7 @@ def recipe_schedule(config_path: str, overrides: list[str], gpus: int, train_ima
         if config.algorithms.get("progressive_resizing", {}).get("mode") == "batch":
             raise ConfigError("progressive_resizing in batch mode changes the side within an epoch: "
                               "project it with mode: loader, which costs the same for the model")
-        trainer = Trainer(config, init_world("cpu"), algorithms_from_config(config.algorithms))
+        trainer = build_run(config)
         state = trainer.state
         epochs = state.total_steps / state.steps_per_epoch
         spec = state.train_loader.spec
