@@ -2,8 +2,8 @@
 "Fixing the train-test resolution discrepancy"; as ffcv-imagenet does).
 
 What: the val loader is built at `eval_resolution` (and, if given, with the center crop's
-share of the shorter side `eval_crop_ratio`), which INIT records in the run's config. Random-resized crops make objects look larger
-in training than a center crop at the same size does at test time; testing at a higher
+share of the shorter side `eval_crop_ratio`), which INIT records in the run's config.
+Random-resized crops make objects look larger in training than a center crop at the same size does at test time; testing at a higher
 resolution brings their apparent sizes back in line. This hook is the test-time half of
 FixRes only; the paper also fine-tunes the classifier and BN at the test resolution.
 When: runs that train at low or progressively growing resolutions (ffcv-imagenet trains

@@ -22,7 +22,8 @@ from pipeline.spec import BACKENDS, LoaderSpec
 # backend -> (module, class, the pip package it needs)
 _IMPLEMENTATIONS = {
     "ffcv": ("pipeline.backends.ffcv", "FFCVLoader", "ffcv"),
-    "dali": ("pipeline.backends.dali", "DALILoader", "nvidia-dali-cuda130"),    # the CUDA 13 build, for GPUs
+    # the set-up's build runs the CPU pipeline; a GPU node takes the build of its CUDA (13: -cuda130)
+    "dali": ("pipeline.backends.dali", "DALILoader", "nvidia-dali-cuda120 or nvidia-dali-cuda130"),
     "webdataset": ("pipeline.backends.webdataset", "WebDatasetLoader", "pillow-simd"),  # reads tars itself
     "folder": ("pipeline.backends.folder", "FolderLoader", "pillow-simd"),
     "synthetic": ("pipeline.backends.synthetic", "SyntheticLoader", "torch"),
@@ -55,7 +56,7 @@ def batches_per_epoch(spec: LoaderSpec) -> int:
     if spec.backend == "synthetic":
         return rank_batches(spec.synthetic_size, spec)
     require_directory(spec.path, spec.backend)
-    return rank_batches(split_size(spec.path, spec.split), spec)
+    return rank_batches(split_size(spec.path, spec.split, spec.backend), spec)
 
 
 __all__ = ["BACKENDS", "LoaderSpec", "batches_per_epoch", "build_loader"]

@@ -115,8 +115,13 @@ def choose_backend(spec: LoaderSpec, results_dir: str | Path | None = None) -> t
             answer = [(next(iter(choices)), f"the only installed backend that reads {data_form(spec.path)} data")]
         else:
             measured = from_results(spec, choices, results_path(signature(), results_dir)) if results_dir else None
-            answer = [measured or probe(spec, choices, "no figure for every candidate in this machine's results"
-                                        if results_dir else "no folder of measured figures named (measured_results)")]
+            if not results_dir:
+                why_probe = "no folder of measured figures named (measured_results)"
+            elif not Path(results_dir).is_dir():
+                why_probe = f"measured_results {results_dir}: no such folder (relative to {Path.cwd()})"
+            else:
+                why_probe = "no figure for every candidate in this machine's results"
+            answer = [measured or probe(spec, choices, why_probe)]
     if distributed:
         torch.distributed.broadcast_object_list(answer, src=0)
     backend, reason = answer[0]

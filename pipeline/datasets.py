@@ -107,9 +107,12 @@ def read_converted(path: str | Path, split: str, expected_format: str) -> Conver
     return ConvertedSplit(root, kind, split, classes, record["count"], files, shards)
 
 
-def split_size(path: str | Path, split: str) -> int:
+def split_size(path: str | Path, split: str, backend: str) -> int:
     """Samples in a split, known before any loader reads it: a converted split's count from its
-    manifest (the loader checks the files when it reads them), else a scan of the folder."""
+    manifest (the loader checks the files when it reads them), else a scan of the folder. A
+    backend that reads only converted data (ffcv, webdataset) gets the manifest's error, not a scan."""
+    if backend in CONVERTERS:
+        return _manifest_split(Path(path), split, expected_format=backend)[2]["count"]
     if is_converted(path):
         return _manifest_split(Path(path), split, expected_format=None)[2]["count"]
     return len(read_folder(path, split)[1])

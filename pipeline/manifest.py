@@ -54,6 +54,8 @@ def read_manifest(root: str | Path) -> dict | None:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("format"), str):
         raise ManifestError(f"{path}: not a dataset manifest (no 'format'); {AGAIN}")
     version = manifest.get("manifest_version")
+    if version is None:
+        raise ManifestError(f"{path}: written without a manifest_version (by an older converter); {AGAIN}")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ManifestError(f"{path}: not a dataset manifest (manifest_version {_short(version)}); {AGAIN}")
     if version > MANIFEST_VERSION:

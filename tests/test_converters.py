@@ -303,6 +303,7 @@ def test_a_newer_or_broken_manifest_is_a_one_line_error_naming_it(kind, tmp_path
     message = str(caught.value)
     assert str(tmp_path / "manifest.json") in message and "\n" not in message and len(message) <= 400, message
     assert ("newer than this code reads" in message) == (kind == "newer"), message
+    assert ("older converter" in message) == (kind == "no version"), message
     with pytest.raises(DatasetError) as caught:
         build_loader(LoaderSpec("webdataset", path=str(tmp_path)))
     loader_message = str(caught.value)

@@ -61,3 +61,15 @@ def test_rank_and_world_size_come_from_torchrun(tmp_path):
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                              "--standalone", str(script)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_epoch_length_of_a_converted_format_on_an_unconverted_folder_names_the_converter(tmp_path):
+    """An epoch's length is read before any loader is built; for ffcv and webdataset it comes from
+    the converter's manifest, so a plain image folder gets the converter's command, not a scan."""
+    from pipeline import batches_per_epoch
+    from pipeline.datasets import CONVERTERS, DatasetError
+    (tmp_path / "train" / "apple").mkdir(parents=True)
+    for backend, converter in CONVERTERS.items():
+        with pytest.raises(DatasetError, match=r"manifest\.json: missing") as caught:
+            batches_per_epoch(LoaderSpec(backend, path=str(tmp_path)))
+        assert converter in str(caught.value)

@@ -254,6 +254,10 @@ def test_a_loader_is_whole_once_built(converted_sets):
                       num_workers=2 if threads == 1 else 1)
     assert torch.get_num_threads() == threads
     assert ffcv.ffcv.batch_size == 16 and ffcv.decoder.ratio == 0.6
+    # more workers than numba has threads: capped, with a warning, not numba's bare ValueError
+    import numba
+    crowded = loader_for(converted_sets, "ffcv", "ffcv", split="val", val_resolution=32, num_workers=64)
+    assert crowded.ffcv.num_workers == numba.config.NUMBA_NUM_THREADS < 64
 
 
 RANKS_SCRIPT = textwrap.dedent("""

@@ -73,3 +73,14 @@ def test_build_run_builds_the_configs_algorithms_and_refuses_a_wrong_one(tmp_pat
     config.algorithms = {"label_smoothing": {"smoothin": 0.1}}
     with pytest.raises(ConfigError, match=r"^config key 'algorithms': "):
         build_run(config)
+
+
+def test_build_run_settles_its_own_copy_of_the_config(tmp_path):
+    """The scale schedule stretches the run it builds, not the caller's config: two runs built from one
+    config are the same run."""
+    config = tiny_trainer(tmp_path, [], "algorithms.scale_schedule={ratio: 2.0}").config
+    before = config.max_duration
+    first, second = build_run(config), build_run(config)
+    assert config.max_duration == before
+    assert first.config.max_duration == second.config.max_duration != before
+    assert first.state.total_steps == second.state.total_steps == 2 * before.to_batches(first.state.steps_per_epoch)

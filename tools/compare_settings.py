@@ -96,6 +96,7 @@ def read_settings(texts: list[str], recipe: str | None, overrides: list[str], ru
 
 def compare(args, config, settings: list[Setting]) -> dict:
     trainer = measured_run(config)
+    config = trainer.config              # as the run settled it (precision: auto's choice, stretched schedules)
     state, device = trainer.state, trainer.world.device
     recipe_loader, recipe_stream, train_step = state.train_loader, trainer.step_stream, trainer.train_step
     try:

@@ -27,9 +27,9 @@ figure, chosen so that the fashion recipe finishes in about 2 minutes on 2 CPU c
 when other jobs share them); --steps 300 gives steadier figures.
 
 The run is built as training builds it (training/run.py) and every step is the trainer's own
-(`Trainer.train_step`), so the recipe's algorithms ARE applied as in training: their INIT
-effects (loader-side progressive resizing, ColOut, RandAugment; model surgery) and their
-per-step hooks (FIT_START once, then AFTER_DATALOADER to BATCH_END every step); nothing is
+(`Trainer.train_step`), so the recipe's algorithms ARE applied as in training: the loader
+specs they settle (progressive resizing, ColOut, RandAugment), their model surgery at INIT and
+their per-step hooks (FIT_START once, then AFTER_DATALOADER to BATCH_END every step); nothing is
 evaluated or saved.
 
 Verdict (NOISE = 10%): DATA-BOUND when the loader alone delivers less than 90% of the model
@@ -268,6 +268,7 @@ def diagnose(args, config) -> dict:
     if world.device.type == "cpu" and ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, cores // ranks))   # this rank's share, as in a multi-rank run
     trainer = measured_run(config, world)
+    config = trainer.config              # as the run settled it (precision: auto's choice, stretched schedules)
     state, device = trainer.state, world.device
     loader, train_step = state.train_loader, trainer.train_step
     spec = loader.spec

@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import torch  # noqa: E402
 
-from algorithms.base import Event  # noqa: E402
 from pipeline import build_loader  # noqa: E402
 from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 from pipeline.datasets import DatasetError  # noqa: E402
@@ -50,7 +49,7 @@ def measured_run(config, world: World | None = None) -> Trainer:
     process's), started as fit starts it: FIT_START fired (EMA and SAM set themselves up there).
     Its steps: `trainer.train_step`; nothing is evaluated or saved."""
     trainer = build_run(config, world)
-    trainer.engine.fire(Event.FIT_START, trainer.state)
+    trainer.start()
     return trainer
 
 
@@ -87,7 +86,7 @@ def measure(loader, epoch: int, warmup: int, steps: int, device: torch.device, t
 
 
 def synthetic_twin(loader, **changes):
-    """A synthetic loader with the real one's spec as INIT left it (batch, schedule, ColOut, device, dtype)."""
+    """A synthetic loader with the real one's spec as the algorithms settled it (batch, schedule, ColOut, device, dtype)."""
     return build_loader(dataclasses.replace(loader.spec, backend="synthetic", path=None, num_classes=loader.num_classes,
                                             synthetic_size=100 * loader.spec.batch_size, **changes))
 

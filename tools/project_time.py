@@ -59,6 +59,7 @@ def recipe_schedule(config_path: str, overrides: list[str], gpus: int, train_ima
             raise ConfigError("progressive_resizing in batch mode changes the side within an epoch: "
                               "project it with mode: loader, which costs the same for the model")
         trainer = build_run(config)
+        config = trainer.config          # as the run settled it (the scale schedule's stretch)
         state = trainer.state
         epochs = state.total_steps / state.steps_per_epoch
         spec = state.train_loader.spec

@@ -82,6 +82,9 @@ class Trainer:
             raise ConfigError(f"config key 'algorithms': {error}") from None
         config.max_duration = plan.max_duration       # as stretched (ScaleSchedule): the run's length
         train_loader, val_loader = build_loader(train_spec), build_loader(val_spec)
+        if len(train_loader) != steps_per_epoch:      # the plan's schedules, and every rank's step count, rest on it
+            raise ConfigError(f"the {train_spec.backend} loader gives {len(train_loader)} batches an epoch where "
+                              f"{steps_per_epoch} were planned: an algorithm changed the batch size or split")
 
         torch.manual_seed(config.seed)          # the same initial weights on every rank
         model = build_model(config.model.name, train_loader.num_classes, zero_init_residual=config.model.zero_init_residual,
@@ -161,7 +164,7 @@ class Trainer:
         if self.step_stream.stream is not None:
             self.log.print(f"train step on a CUDA stream of priority {self.step_stream.stream.priority} (the highest "
                            f"this GPU has; the default stream's is 0)")
-        self.engine.fire(Event.FIT_START, state)
+        self.start()
         eval_every = config.eval_interval.to_batches(state.steps_per_epoch, state.total_steps)
         save_every = config.checkpoint.interval.to_batches(state.steps_per_epoch, state.total_steps)
         if state.step and state.evaluated_step != state.step and _due(state.step, eval_every):
@@ -236,12 +239,17 @@ class Trainer:
             self.log.print(f"epoch {state.epoch + 1}/{state.epochs}: {epoch_samples / seconds:,.0f} img/s, "
                            f"lr {state.lr:.4g}, resolution {state.train_loader.resolution}")
 
+    def start(self) -> None:
+        """Fire FIT_START, where algorithms such as EMA and SAM set themselves up: fit does it after
+        resuming; code that drives `train_step` itself calls it once, before the first step."""
+        self.engine.fire(Event.FIT_START, self.state)
+
     def train_step(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One training step on a batch from the train loader, as fit takes every one: AFTER_DATALOADER,
         the optimizer step, the counters, BATCH_END, on the step stream, its phases lapped (fit laps
         "data" before it). Returns the batch's mean loss, on the device (reading it waits for the
         step). The loop around it (epochs, metrics, checkpoints, evaluation) is fit's; the tools that
-        time training steps (tools/measuring.py) call this alone."""
+        time training steps (tools/measuring.py) call `start()` once, then this."""
         state, phases = self.state, self.phases
         dist.doing(f"training step {state.step + 1}")
         with self.step_stream.around(images, targets):

@@ -22,6 +22,7 @@ applies at the next epoch without recompiling. ColOut acts on the uint8 batch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import queue
 import sys
@@ -35,6 +36,7 @@ from ffcv.loader import Loader as FFCVBaseLoader, OrderOption
 from ffcv.pipeline.compiler import Compiler
 from ffcv.reader import Reader
 from ffcv.transforms import ToDevice, ToTensor, ToTorchImage
+import numba
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -44,6 +46,8 @@ from pipeline.crops import UNIFORMS_PER_SAMPLE, compiled_sample_uniforms, random
 from pipeline.datasets import CONVERTERS, DatasetError, read_converted
 from pipeline.sharding import batch_count, rank_samples
 from pipeline.spec import LoaderSpec
+
+log = logging.getLogger("pipeline")
 
 
 @intrinsic
@@ -167,9 +171,16 @@ def _ffcv_loader(beton, spec: LoaderSpec, decoder, order: _FixedOrder) -> FFCVBa
     trainer's CPU precision probe runs between the two)."""
     to_device = [ToDevice(torch.device(spec.device), non_blocking=True)] if spec.device.startswith("cuda") else []
     threads = torch.get_num_threads()
+    # FFCV's workers are numba threads, which numba caps at its NUMBA_NUM_THREADS (the cores):
+    # past it FFCV's constructor raises numba's bare "number of threads must be between 1 and N"
+    workers = max(1, spec.num_workers)
+    if workers > numba.config.NUMBA_NUM_THREADS:
+        log.warning("ffcv loader: num_workers=%d is more than numba's %d threads (the cores); using %d",
+                    workers, numba.config.NUMBA_NUM_THREADS, numba.config.NUMBA_NUM_THREADS)
+        workers = numba.config.NUMBA_NUM_THREADS
     try:
         loader = FFCVBaseLoader(
-            str(beton), batch_size=spec.batch_size, num_workers=max(1, spec.num_workers), os_cache=True,
+            str(beton), batch_size=spec.batch_size, num_workers=workers, os_cache=True,
             order=OrderOption.SEQUENTIAL, drop_last=False,
             pipelines={"image": [decoder, ToTensor(), ToTorchImage(channels_last=True), *to_device],
                        "label": [IntDecoder(), ToTensor(), *to_device]})
