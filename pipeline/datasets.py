@@ -29,6 +29,11 @@ class CorruptSample(DatasetError):
     """A stored sample that cannot be decoded; the message names it."""
 
 
+class RemoteDataError(DatasetError):
+    """Data in object storage or behind HTTP(S) that cannot be read; the message is one line
+    naming the URL with any credentials redacted."""
+
+
 @dataclass
 class Shard:
     tar: Path
@@ -77,6 +82,13 @@ def converted_format(path: str | Path) -> Optional[str]:
 
 def require_directory(path: str | Path, backend: str) -> None:
     """A one-line error for a data path that is no directory, phrased for the backend reading it."""
+    from pipeline.object_store import is_url, redact   # here: object_store imports this module's errors
+    if is_url(path):
+        # A URL is never printed whole (it may carry credentials). Data in object storage is read
+        # from a webdataset conversion; the folder backend would need a request per image.
+        advice = (f"; convert the dataset with {CONVERTERS['webdataset']} and use the webdataset backend"
+                  if backend == "folder" else "")
+        raise DatasetError(f"{redact(str(path))}: the {backend} backend reads local paths only{advice}")
     root = Path(path)
     if root.is_dir():
         return
@@ -171,15 +183,19 @@ def read_folder(path: str | Path, split: str) -> tuple[list[str], list[Sample]]:
 def _member_table(shard: Shard) -> np.ndarray:
     """(count, 3) int64: each sample's image offset and size and label offset in the tar, from
     the DALI-style `.idx` file; checks that the tar is long enough for every member it lists."""
-    rows, end = [], 0
+    rows, end, line_number = [], 0, 1
     try:
-        for line in shard.index.read_text().splitlines()[1:]:
+        for line_number, line in enumerate(shard.index.read_text().splitlines()[1:], start=2):
             fields = line.split()   # per member: extension, data offset, size, file name
             members = {ext: (int(start), int(size)) for ext, start, size in zip(fields[0::4], fields[1::4], fields[2::4])}
             rows.append((*members[IMAGE_MEMBER], members[LABEL_MEMBER][0]))
             end = max(end, *(start + size for start, size in members.values()))
     except (OSError, ValueError, KeyError) as error:
-        raise DatasetError(f"{shard.index}: unreadable index ({error!r}); "
+        # A scrambled index can be one huge line, which int()'s message would quote whole:
+        # the message keeps one line and a short excerpt of the reason.
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        reason = reason if len(reason) <= 120 else reason[:117] + "..."
+        raise DatasetError(f"{shard.index}: unreadable index (line {line_number}: {reason}); "
                            f"run {CONVERTERS['webdataset']} again") from None
     if len(rows) != shard.count:
         raise DatasetError(f"{shard.index}: {len(rows)} samples where the manifest says {shard.count}; "

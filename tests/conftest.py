@@ -175,3 +175,44 @@ def cpu_share(request, tmp_path_factory):
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         yield
 
+
+
+@pytest.fixture(scope="session")
+def served_files(tmp_path_factory) -> Path:
+    """A small dataset-like folder of random bytes, served by the object-storage fixtures."""
+    import numpy as np
+    root = tmp_path_factory.mktemp("served")
+    rng = np.random.default_rng(0)
+    (root / "train").mkdir()
+    (root / "manifest.json").write_text(json.dumps({"format": "webdataset"}))
+    (root / "train" / "shard-000000.tar").write_bytes(rng.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes())
+    (root / "denied").mkdir()
+    (root / "denied" / "secret.bin").write_bytes(b"no")
+    return root
+
+
+@pytest.fixture(scope="session")
+def nginx_server(served_files, tmp_path_factory):
+    from servers import Nginx
+    server = Nginx(served_files, tmp_path_factory.mktemp("nginx"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_s3(served_files):
+    """moto's S3 server holding `served_files` in bucket `photos`, uploaded with obstore."""
+    import obstore
+    from obstore.store import S3Store
+    from servers import MotoS3
+    server = MotoS3()
+    import boto3   # obstore has no bucket creation; boto3 comes with moto
+    boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="photos")
+    store = S3Store("photos", endpoint=server.url, region="us-east-1", access_key_id="testing",
+                    secret_access_key="testing", client_options={"allow_http": True})
+    for path in served_files.rglob("*"):
+        if path.is_file():
+            obstore.put(store, f"wds/{path.relative_to(served_files)}", path.read_bytes())
+    yield server
+    server.stop()

@@ -336,6 +336,22 @@ def test_bad_paths_and_damaged_files_are_one_line_errors(converted_sets, tmp_pat
         one_line_error(DatasetError, "shard-000000.tar: 100000 bytes, its index needs", build(backend, truncated))
 
 
+def test_folder_takes_local_paths_only_and_a_scrambled_index_is_one_short_line(converted_sets, tmp_path):
+    from pipeline.datasets import DatasetError
+    text = one_line_error(DatasetError, "the folder backend reads local paths only", lambda: build_loader(
+        LoaderSpec("folder", path="s3://bucket/photos?X-Amz-Signature=abc123", split="val", num_workers=0)))
+    assert "convert_wds.py" in text and "webdataset" in text and "abc123" not in text
+
+    scrambled = tmp_path / "scrambled"
+    shutil.copytree(converted_sets["photos"]["webdataset"], scrambled)
+    index = scrambled / "val" / "shard-000000.idx"
+    index.write_bytes(b"v1.0 0 1\n" + bytes(range(33, 127)) * 2300)   # one 216 KB line of junk
+    for backend in ("webdataset",):
+        text = one_line_error(DatasetError, "shard-000000.idx: unreadable index", lambda: build_loader(
+            LoaderSpec(backend, path=str(scrambled), split="val", num_workers=0)))
+        assert len(text) < 400, len(text)
+
+
 def test_a_missing_package_names_it():
     code = ("import sys; sys.modules['ffcv'] = None\n"
             "from pipeline import LoaderSpec, build_loader\n"

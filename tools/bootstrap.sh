@@ -51,9 +51,9 @@ if [[ -x "$PY" && -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_value)" ]]; then
     exit 0
 fi
 
-# --- Debian build packages -------------------------------------------------------------
+# --- Debian packages: for building, and the tests' servers ------------------------------
 missing=()
-for pkg in "${DEB_BUILD_PACKAGES[@]}"; do
+for pkg in "${DEB_BUILD_PACKAGES[@]}" "${DEB_TEST_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if ((${#missing[@]})); then

@@ -4,12 +4,16 @@
 # FFCV compiles against libturbojpeg and OpenCV (found through pkg-config);
 # Pillow-SIMD compiles against libjpeg and zlib.
 DEB_BUILD_PACKAGES=(libturbojpeg0-dev libopencv-dev pkg-config libjpeg-dev zlib1g-dev)
+# The tests serve datasets over HTTP with nginx (range requests, an access log to count them).
+DEB_TEST_PACKAGES=(nginx-light)
 TORCH_SPEC="torch==2.13.0"            # the CPU build here; an unpinned torch pulls CUDA wheels
 FFCV_SPEC="ffcv==1.0.2"
 FFCV_DEPS=(assertpy fastargs "opencv-python" psutil pytorch_pfn_extras terminaltables)   # its Requires-Dist
 DALI_SPEC="nvidia-dali-cuda120>=2.0,<3"
 REST_SPECS=("numpy>=1.24,<2.6" "numba>=0.60,<0.70" "webdataset>=1.0,<2" "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.5" "tqdm>=4.60" "pyyaml>=6"
-            "simplejpeg>=1.7,<2")   # simplejpeg: the decode-only bound in benchmarks/loaders.py
+            "simplejpeg>=1.7,<2"    # simplejpeg: the decode-only bound in benchmarks/loaders.py
+            "obstore>=0.6,<1"       # data in object storage and behind HTTP(S): pipeline/object_store.py
+            "moto[server]>=5,<6")   # the tests' S3 server
 PILLOW_SIMD_SPEC="pillow-simd>=9"
 # matplotlib (benchmarks/report.py, tools/plot_run.py) and TensorBoard (the trainer's optional
 # event files) declare `pillow`, so a plain install would put stock Pillow over Pillow-SIMD. They

@@ -1,0 +1,185 @@
+"""Reading a dataset folder in object storage (s3://, gs://) or behind http(s)://, through obstore
+(Rust's object_store): whole objects, many byte ranges of one object, object sizes.
+
+Conventions: S3 credentials, region and endpoint come from the usual AWS_* variables
+(`AWS_ENDPOINT_URL` for S3-compatible stores), GCS from GOOGLE_* ones; HTTPS certificates are
+verified. Requests are retried with backoff by obstore (5xx, connection resets, timeouts); a
+response shorter than asked for is read again once. Every failure is one `RemoteDataError` line
+naming the URL through `redact`, so credentials carried in a URL are never printed.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import re
+from datetime import timedelta
+from urllib.parse import urlsplit, urlunsplit
+
+from pipeline.datasets import RemoteDataError
+
+SCHEMES = ("s3", "gs", "http", "https")
+# Ranges closer than this are fetched as one request: a request costs far more than a few KiB.
+MERGE_GAP = 64 * 1024
+_STATUS = re.compile(r"status(?: code)?:? (\d{3})\b", re.I)
+_SHORT = re.compile(r"Requested \d+\.\.\d+, got \d+\.\.\d+")
+_SECRET_QUERY = re.compile(r"(sig|signature|token|credential|key|secret|password|auth)", re.I)
+
+
+def is_url(path) -> bool:
+    """True for a URL this module reads; a plain (local) path is not a URL."""
+    return isinstance(path, str) and urlsplit(path).scheme.lower() in SCHEMES and "://" in path
+
+
+def redact(url: str) -> str:
+    """The URL with user:password@ and secret-looking query values replaced by `***`."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = "&".join(
+        f"{key}=***" if _SECRET_QUERY.search(key) else f"{key}={value}" if sep else key
+        for key, sep, value in (item.partition("=") for item in parts.query.split("&") if item))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def merge_ranges(ranges: list[tuple[int, int]], gap: int = MERGE_GAP) -> list[tuple[int, int]]:
+    """(start, end) ranges sorted and merged where they overlap or lie within `gap` bytes."""
+    merged: list[list[int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1] + gap:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def _describe(error: BaseException) -> str:
+    """What happened, in words a user acts on, from an obstore exception (whose text carries
+    a multi-line debug dump that is never shown)."""
+    from obstore import exceptions as errors
+    text = str(error)
+    low = text.lower()
+    if "/latest/api/token" in text or "/latest/meta-data" in text:
+        # No credentials in the environment: obstore fell back to the instance metadata service.
+        return "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or run where a role provides them)"
+    status = _STATUS.search(text)
+    code = int(status.group(1)) if status else None
+    if isinstance(error, (errors.NotFoundError, FileNotFoundError)) or code == 404:
+        return "not found (404)"
+    if isinstance(error, (errors.PermissionDeniedError, errors.UnauthenticatedError)) or code in (401, 403):
+        return f"access denied ({code or 403}): check the credentials (AWS_* variables) and the bucket's policy"
+    if code is not None:
+        return f"the server answered {code} after retries"
+    if "connection refused" in low:
+        return "connection refused: is the endpoint right and the server up?"
+    if "dns error" in low or "failed to lookup" in low or "name or service not known" in low:
+        return "unknown host: check the endpoint"
+    if "credential" in low:
+        return "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    if "timed out" in low or "timeout" in low:
+        return "timed out after retries"
+    first_line = " ".join(text.split("\n\n")[0].split())
+    return f"{type(error).__name__}: {first_line[:200]}"
+
+
+class ObjectStore:
+    """A store rooted at a URL's folder; object names are paths relative to it."""
+
+    def __init__(self, url: str, retries: int = 4):
+        from_url = _obstore().store.from_url
+        self.url = url.rstrip("/")
+        self.shown = redact(self.url)
+        scheme = urlsplit(url).scheme.lower()
+        retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=60),
+                 "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5),
+                             "base": 2}}
+        options = {"timeout": "30s", "connect_timeout": "5s"}
+        # Plain http only where the user named it: an http:// URL or an http:// S3 endpoint.
+        if scheme == "http" or (scheme == "s3" and _s3_env().get("aws_endpoint", "").startswith("http://")):
+            options["allow_http"] = True
+        try:
+            kwargs = {"client_options": options, "retry_config": retry}
+            if scheme == "s3":
+                self._store = from_url(self.url, config=_s3_env(), **kwargs)
+            else:
+                self._store = from_url(self.url, **kwargs)
+        except Exception as error:  # obstore raises its own classes and ValueError for a bad URL
+            raise RemoteDataError(f"{self.shown}: cannot open ({_describe(error)})") from None
+
+    def _where(self, name: str) -> str:
+        """The object's URL for a message: the name goes in the path, before any query."""
+        parts = urlsplit(self.url)
+        return redact(urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name}")))
+
+    def size(self, name: str) -> int:
+        obstore = _obstore()
+        try:
+            return int(obstore.head(self._store, name)["size"])
+        except Exception as error:
+            raise RemoteDataError(f"{self._where(name)}: {_describe(error)}") from None
+
+    def read(self, name: str) -> bytes:
+        obstore = _obstore()
+        try:
+            return bytes(obstore.get(self._store, name).bytes())
+        except Exception as error:
+            raise RemoteDataError(f"{self._where(name)}: {_describe(error)}") from None
+
+    def read_ranges(self, name: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes of each (start, end) range, in the order given; neighbouring ranges are
+        fetched as one request and the requests run concurrently (obstore's get_ranges)."""
+        obstore = _obstore()
+        if not ranges:
+            return []
+        merged = merge_ranges(ranges)
+        starts, ends = [s for s, _ in merged], [e for _, e in merged]
+        pieces = None
+        for attempt in range(2):   # once more when a response came back short
+            try:
+                pieces = [bytes(p) for p in obstore.get_ranges(self._store, name, starts=starts, ends=ends)]
+            except Exception as error:
+                # obstore checks a range response against the range asked for but does not retry it
+                if attempt == 0 and _SHORT.search(str(error)):
+                    continue
+                raise RemoteDataError(f"{self._where(name)}: {_describe(error)}") from None
+            if all(len(p) == e - s for p, s, e in zip(pieces, starts, ends)):
+                break
+        else:
+            raise RemoteDataError(f"{self._where(name)}: responses shorter than the ranges asked for, twice")
+        out = []
+        for start, end in ranges:
+            i = _containing(starts, start)
+            out.append(pieces[i][start - starts[i]:end - starts[i]])
+        return out
+
+
+def _obstore():
+    """obstore, imported on first use: it is an optional dependency (the `remote` extra), and
+    local datasets never need it."""
+    try:
+        import obstore
+        import obstore.store  # noqa: F401
+    except ImportError:
+        raise RemoteDataError("reading from object storage needs the package 'obstore' (pip install obstore)") from None
+    return obstore
+
+
+def _containing(starts: list[int], position: int) -> int:
+    """The index of the merged range that holds `position`."""
+    return bisect.bisect_right(starts, position) - 1
+
+
+def _s3_env() -> dict:
+    """The S3 settings taken from the environment here rather than left to obstore: the
+    endpoint of an S3-compatible store, AWS_ENDPOINT_URL (the AWS CLI's and boto3's name)."""
+    config = {}
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        config["aws_endpoint"] = os.environ["AWS_ENDPOINT_URL"]
+    return config
+
+
+def open_store(url: str) -> ObjectStore:
+    """The store for an s3://, gs://, http:// or https:// folder URL."""
+    if not is_url(url):
+        raise RemoteDataError(f"{redact(str(url))}: not an object-storage URL (s3://, gs://, http://, https://)")
+    return ObjectStore(url)

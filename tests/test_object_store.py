@@ -1,0 +1,203 @@
+"""The object-storage client layer (pipeline/object_store.py) against real servers: nginx over
+HTTP, moto's S3 server, and a stdlib server that fails its first requests."""
+from __future__ import annotations
+
+import http.server
+import threading
+import urllib.request
+
+import pytest
+
+from pipeline.datasets import RemoteDataError
+from pipeline.object_store import is_url, merge_ranges, open_store, redact
+from servers import free_port
+
+SHARD = "train/shard-000000.tar"
+
+
+def ranges():
+    return [(0, 100), (50, 4000), (4100, 9000), (1 << 20, (1 << 20) + 777), ((3 << 20) - 10, 3 << 20)]
+
+
+def test_is_url_and_redact():
+    assert is_url("s3://b/p") and is_url("https://h/p") and is_url("gs://b/p")
+    assert not is_url("/data/photos") and not is_url("photos-wds") and not is_url("file:///x")
+    shown = redact("https://user:hunter2@host/p?X-Amz-Signature=abc123&part=1&token=zz")
+    assert "hunter2" not in shown and "abc123" not in shown and "zz" not in shown
+    assert "host/p" in shown and "part=1" in shown
+
+
+def test_merge_ranges():
+    assert merge_ranges([(10, 20), (0, 5), (15, 30)], gap=0) == [(0, 5), (10, 30)]
+    assert merge_ranges([(0, 5), (6, 9)], gap=1) == [(0, 9)]
+
+
+def test_http_whole_and_ranged_reads(nginx_server, served_files):
+    local = (served_files / SHARD).read_bytes()
+    store = open_store(nginx_server.url)
+    assert store.read(SHARD) == local
+    assert store.size(SHARD) == len(local)
+    before = nginx_server.requests()
+    assert store.read_ranges(SHARD, ranges()) == [local[s:e] for s, e in ranges()]
+    merged_requests = nginx_server.requests() - before
+    before = nginx_server.requests()
+    separate = [store.read_ranges(SHARD, [r])[0] for r in ranges()]
+    assert separate == [local[s:e] for s, e in ranges()]
+    assert merged_requests < nginx_server.requests() - before
+
+
+def test_s3_whole_and_ranged_reads(moto_s3, served_files, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_s3.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    local = (served_files / SHARD).read_bytes()
+    store = open_store("s3://photos/wds")
+    assert store.read(SHARD) == local
+    assert store.read("manifest.json") == (served_files / "manifest.json").read_bytes()
+    assert store.read_ranges(SHARD, ranges()) == [local[s:e] for s, e in ranges()]
+    with pytest.raises(RemoteDataError) as caught:
+        store.read("missing.tar")
+    assert "s3://photos/wds/missing.tar" in str(caught.value) and "not found" in str(caught.value)
+
+
+def one_line(error) -> str:
+    text = str(error.value)
+    assert "\n" not in text and len(text) < 400
+    return text
+
+
+def test_http_errors_name_the_redacted_url(nginx_server):
+    secret_url = nginx_server.url.replace("http://", "http://alice:hunter2@")
+    with pytest.raises(RemoteDataError) as caught:
+        open_store(secret_url).read("nothing-here.tar")
+    text = one_line(caught)
+    assert "hunter2" not in text and "nothing-here.tar" in text and "404" in text
+    with pytest.raises(RemoteDataError) as caught:
+        open_store(nginx_server.url).read("denied/secret.bin")
+    assert "403" in one_line(caught)
+    closed = f"http://bob:pa55@127.0.0.1:{free_port()}/data?X-Amz-Signature=s3cr3t&part=1"
+    with pytest.raises(RemoteDataError) as caught:
+        open_store(closed).read("manifest.json")
+    text = one_line(caught)
+    assert "s3cr3t" not in text and "pa55" not in text and "connection refused" in text
+    assert "127.0.0.1" in text and "/data/manifest.json?" in text
+
+
+def test_s3_wrong_credentials_and_wrong_endpoint(moto_s3, monkeypatch):
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(RemoteDataError) as caught:
+        open_store("s3://photos/wds").read("manifest.json")
+    text = one_line(caught)
+    assert "s3://photos/wds/manifest.json" in text and "connection refused" in text
+
+
+def test_s3_unknown_credentials_are_denied(moto_s3, monkeypatch):
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_s3.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value")
+    # moto checks credentials once its count of unauthenticated actions is 0 (its reset-auth API)
+    def set_auth(count: bytes):
+        request = urllib.request.Request(f"{moto_s3.url}/moto-api/reset-auth", data=count,
+                                         headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(request).read()
+
+    set_auth(b"0")
+    try:
+        with pytest.raises(RemoteDataError) as caught:
+            open_store("s3://photos/wds").read("manifest.json")
+    finally:
+        set_auth(b"inf")
+    text = one_line(caught)
+    assert "403" in text and "s3://photos/wds/manifest.json" in text and "wrong-secret-value" not in text
+
+
+def test_s3_missing_credentials(moto_s3, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_s3.url)
+    # without credentials the client asks the instance metadata service: here a closed local port
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(RemoteDataError) as caught:
+        open_store("s3://photos/wds").read("manifest.json")
+    text = one_line(caught)
+    assert "s3://photos/wds/manifest.json" in text and "no credentials found" in text
+
+
+class FailingFirst(http.server.BaseHTTPRequestHandler):
+    """Answers 503 to the first `failures` requests, then the payload."""
+    failures = 2
+    seen = 0
+
+    def do_GET(self):
+        type(self).seen += 1
+        if type(self).seen <= self.failures:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = b"payload-bytes"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_503_then_success_is_retried():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FailingFirst)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert open_store(f"http://127.0.0.1:{server.server_address[1]}").read("x.bin") == b"payload-bytes"
+        assert FailingFirst.seen == 3
+    finally:
+        server.shutdown()
+
+
+class ShortFirst(http.server.BaseHTTPRequestHandler):
+    """Answers range requests from PAYLOAD, the first `short` of them with half the bytes
+    (a 206 whose Content-Range says so)."""
+    PAYLOAD = bytes(range(256)) * 4096
+    short = 1
+    seen = 0
+
+    def do_GET(self):
+        type(self).seen += 1
+        first, last = self.headers["Range"].removeprefix("bytes=").split("-")
+        start = int(first)
+        body = self.PAYLOAD[start:int(last) + 1]
+        if type(self).seen <= self.short:
+            body = body[:len(body) // 2]
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{len(self.PAYLOAD)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("short", [1, 5])
+def test_a_short_range_response_is_read_again_once(short):
+    handler = type("Short", (ShortFirst,), {"short": short, "seen": 0})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = open_store(f"http://127.0.0.1:{server.server_address[1]}")
+        if short == 1:
+            assert store.read_ranges("x.tar", [(1000, 300000)]) == [ShortFirst.PAYLOAD[1000:300000]]
+        else:
+            with pytest.raises(RemoteDataError) as caught:
+                store.read_ranges("x.tar", [(1000, 300000)])
+            assert "x.tar" in one_line(caught)
+        assert handler.seen == 2
+    finally:
+        server.shutdown()
