@@ -176,7 +176,6 @@ def cpu_share(request, tmp_path_factory):
         yield
 
 
-
 @pytest.fixture(scope="session")
 def served_files(tmp_path_factory) -> Path:
     """A small dataset-like folder of random bytes, served by the object-storage fixtures."""
@@ -202,11 +201,11 @@ def nginx_server(served_files, tmp_path_factory):
 @pytest.fixture(scope="session")
 def moto_s3(served_files):
     """moto's S3 server holding `served_files` in bucket `photos`, uploaded with obstore."""
+    import boto3   # obstore has no bucket creation; boto3 comes with moto
     import obstore
     from obstore.store import S3Store
     from servers import MotoS3
     server = MotoS3()
-    import boto3   # obstore has no bucket creation; boto3 comes with moto
     boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="testing",
                  aws_secret_access_key="testing").create_bucket(Bucket="photos")
     store = S3Store("photos", endpoint=server.url, region="us-east-1", access_key_id="testing",

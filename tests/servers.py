@@ -10,11 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from runs import free_port
 
 
 def _wait_listening(port: int, process: subprocess.Popen) -> None:
