@@ -3,7 +3,7 @@ bound and the loaders users write from FFCV's and DALI's examples.
 
     python benchmarks/loaders.py [--source data/sample/photos] [--backends ...] [--resolutions 160,128]
                                  [--val-resolutions 224] [--workers 2] [--epochs 3] [--instance-type p4d.24xlarge]
-                                 [--device cuda] [--hw-decoder-loads 0,0.65,1]
+                                 [--device cuda] [--hw-decoder-loads 0,0.65,1] [--remote http|s3|URL [--latency-ms 25]]
 
 Data: the raw ImageNet-layout `--source` and its conversions, made (once; the converters skip
 an up-to-date output) under `--cache`:
@@ -28,22 +28,37 @@ benchmarks/results/ (benchmarks/hardware.py).
 `mixed`; the CPU backends copy from pinned memory), and an epoch's clock stops only once the
 GPU has finished its work; `--hw-decoder-loads` then measures DALI at each share sent to
 the hardware JPEG decoder (the other backends ignore it).
+
+`--remote`: each backend that reads a URL (webdataset) is measured again, right after its
+local-disk figure, from the same conversion in object storage or behind HTTP
+(`benchmarks/remote_sources.py`), its cache emptied before every epoch so that each epoch
+streams. Also recorded then: its img/s as a share of local disk's, the bytes and requests
+fetched per epoch against the bytes of the samples read (each sample's record in its shard:
+image, label and their tar headers), and the time from building the loader to its first batch.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import numpy as np  # noqa: E402
+
 from benchmarks.hardware import RESULTS, append_results, cpu_words, signature  # noqa: E402
+from benchmarks.remote_sources import RemoteSource  # noqa: E402
+from pipeline.block_cache import BLOCK_SUFFIX  # noqa: E402
+from pipeline.datasets import REMOTE_BACKENDS  # noqa: E402
 
 # name -> (how it is built, the data form it reads)
 CONFIGURATIONS = {
@@ -122,17 +137,30 @@ def measure(config: dict) -> dict:
         if config["kind"] == "decode_bound":
             return bare_loaders.decode_bound(config["path"], config["split"])
         return bare_loaders.gpu_decode_bound(config["path"], config["split"], config["batch_size"])
+    remote = config.get("remote")
+    if remote:      # every epoch streams from the URL: its blocks are deleted from the cache before it
+        os.environ.update(remote["environment"])
+        config["options"] = {**config["options"], "cache_dir": tempfile.mkdtemp(prefix="bench-cache-")}
     memory = PeakMemory()
     memory.start()
+    built = time.perf_counter()
     loader = build(config)
-    seconds, busy, total, stages_after_warmup = [], 0, 0, None
+    seconds, busy, total, stages_after_warmup, first_batch = [], 0, 0, None, None
+    fetched, requests = [], []
     for epoch in range(config["epochs"] + 1):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
+        if remote:
+            for block in Path(config["options"]["cache_dir"]).rglob(f"*{BLOCK_SUFFIX}"):
+                block.unlink()
+            store = loader.stored.source.store
+            bytes0, requests0 = store.bytes_read, store.requests
         busy0, total0 = busy_jiffies()
         started = time.perf_counter()
         images = 0
         for batch in loader:
+            if first_batch is None:
+                first_batch = time.perf_counter() - built
             images += len(batch[0]["labels"] if isinstance(batch, list) else batch[1])
         if config.get("device", "cpu").startswith("cuda"):
             torch.cuda.synchronize()
@@ -142,10 +170,20 @@ def measure(config: dict) -> dict:
         if epoch:
             busy1, total1 = busy_jiffies()
             busy, total = busy + busy1 - busy0, total + total1 - total0
+        if remote:
+            fetched.append(store.bytes_read - bytes0)
+            requests.append(store.requests - requests0)
     memory.running = False
     figures = {"img_per_s": images / statistics.median(seconds[1:]), "images_per_epoch": images,
                "epoch_seconds": seconds[1:], "warmup_seconds": seconds[0], "cpu_util": busy / total if total else None,
-               "peak_rss_mb": memory.peak_mb}
+               "peak_rss_mb": memory.peak_mb, "first_batch_seconds": first_batch}
+    if remote:
+        from pipeline.remote_shards import sample_spans
+        starts, ends = sample_spans(loader.stored.members)
+        read = int((ends - starts)[np.concatenate(loader._plan)].sum())
+        figures.update(fetched_bytes_per_epoch=statistics.median(fetched[1:]),
+                       requests_per_epoch=statistics.median(requests[1:]), sample_bytes_per_epoch=read)
+        shutil.rmtree(config["options"]["cache_dir"], ignore_errors=True)
     if stages_after_warmup and loader.engine_samples > stages_after_warmup[1]:
         # CPU microseconds per image in each stage of the decode engine, over the timed epochs
         samples = loader.engine_samples - stages_after_warmup[1]
@@ -193,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="where the loaders deliver batches: cpu or cuda")
     parser.add_argument("--hw-decoder-loads", default=None,
                         help="dali on CUDA: shares of JPEGs for the hardware decoder, comma-separated (default 0.65)")
+    parser.add_argument("--remote", help="also read each webdataset conversion from a URL, beside local disk: "
+                        "'http' or 's3' (a server started here on loopback over --cache) or the URL of a folder "
+                        "holding the conversions under their --cache names")
+    parser.add_argument("--latency-ms", type=float, default=0,
+                        help="with --remote: a proxy adds this round trip to each request (plain http servers)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration
     return parser
@@ -220,21 +263,35 @@ def main() -> int:
         if form and form not in forms:
             forms[form] = (convert(form, args.source, args.cache), f"{args.source.name} ({CONVERSIONS[form][2]})")
 
+    if args.latency_ms and not args.remote:
+        parser.error("--latency-ms needs --remote")
+    with contextlib.ExitStack() as stack:
+        source = stack.enter_context(RemoteSource(args.remote, args.cache, args.latency_ms)) if args.remote else None
+        return run_all(args, backends, forms, hw_loads, source)
+
+
+def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> int:
     hardware = signature(args.instance_type)
     print(f"# {cpu_words(hardware)}, {hardware['cpu_cores']} cores, {hardware['gpu_count']} GPUs; batch "
           f"{args.batch_size}; median of {args.epochs} epochs after a warm-up")
     print(f"{'backend':<16} {'split':<5} {'res':>4} {'workers':>7} {'img/s':>7} {'x bound':>7} {'cpu':>5} {'MiB':>6}")
     # DALI on CUDA once per hardware-decoder share asked for; everything else once
     on_gpu = args.device.startswith("cuda")
-    variants = [(name, load) for name in backends
+    variants = [(name, load, False) for name in backends
                 for load in (hw_loads if on_gpu and name.startswith("dali") else [None])]
+    if source:      # each remote reading right after the same backend from local disk
+        variants = [v for name, load, _ in variants
+                    for v in [(name, load, False)] + ([(name, load, True)] if CONFIGURATIONS.get(name, ("",))[0]
+                                                      in REMOTE_BACKENDS else [])]
+        print(f"# remote: {source.describe()}; its cache emptied before each epoch")
+    local_figures = {}
     written, bound, path = 0, {}, None
     for split in args.splits.split(","):
         resolutions = args.resolutions if split == "train" else args.val_resolutions
         for resolution in map(int, resolutions.split(",")):
             for workers in map(int, args.workers.split(",")):
-                for name, hw_load in variants:
-                    label = name if hw_load is None else f"{name}@hw{hw_load:g}"
+                for name, hw_load, remote in variants:
+                    label = (name if hw_load is None else f"{name}@hw{hw_load:g}") + ("@remote" if remote else "")
                     options = {**SPEC_OPTIONS.get(name, {}), **({} if hw_load is None else {"hw_decoder_load": hw_load})}
                     if name in BOUNDS and (split, name) in bound:
                         figures = bound[(split, name)]       # resolution-independent: measured once per split
@@ -244,6 +301,9 @@ def main() -> int:
                                   "options": options, "resolution": resolution, "workers": workers,
                                   "batch_size": args.batch_size, "epochs": args.epochs, "device": args.device,
                                   "synthetic_size": 2300 if split == "train" else 575}
+                        if remote:
+                            config.update(path=source.url_for(forms[form][0]),
+                                          remote={"environment": source.environment})
                         run = subprocess.run([sys.executable, __file__, "--one", json.dumps(config)],
                                              capture_output=True, text=True, cwd=ROOT)
                         if run.returncode != 0:
@@ -255,16 +315,26 @@ def main() -> int:
                             bound[(split, name)] = figures
                     reference = bound.get((split, "decode_bound"), {}).get("img_per_s")
                     share = figures["img_per_s"] / reference if reference else None
+                    if remote and (name, split, resolution, workers) in local_figures:
+                        figures["share_of_local"] = figures["img_per_s"] / local_figures[(name, split, resolution, workers)]
+                        figures["remote"] = source.describe()
+                    elif not remote:
+                        local_figures[(name, split, resolution, workers)] = figures["img_per_s"]
                     form = "wds" if name in BOUNDS else CONFIGURATIONS[name][1]
                     print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} {figures['img_per_s']:>7.0f} "
                           f"{share if share is not None else float('nan'):>7.2f} {figures.get('cpu_util') or 0:>5.0%} "
                           f"{figures.get('peak_rss_mb') or 0:>6.0f}", flush=True)
+                    if remote:
+                        print(" " * 18 + f"{figures.get('share_of_local', float('nan')):.2f}x local; per epoch "
+                              f"{figures['fetched_bytes_per_epoch'] / 2**20:.1f} MiB in {figures['requests_per_epoch']:.0f} "
+                              f"requests for {figures['sample_bytes_per_epoch'] / 2**20:.1f} MiB of samples; "
+                              f"first batch {figures['first_batch_seconds']:.2f} s")
                     if "engine_us_per_image" in figures:
                         print(" " * 18 + "engine, CPU us per image: " + ", ".join(
                             f"{stage} {us:.0f}" for stage, us in figures["engine_us_per_image"].items()))
                     # Written at once, so that an interrupted long run keeps what it measured.
                     path = append_results([{
-                        "benchmark": "loaders", "backend": name, "split": split, "resolution": resolution,
+                        "benchmark": "loaders", "backend": name + ("@remote" if remote else ""), "split": split, "resolution": resolution,
                         "workers": workers if name != "decode_bound" else hardware["cpu_cores"],
                         "batch_size": args.batch_size, "dataset": forms[form][1] if form else "synthetic",
                         "device": "cuda" if name == "gpu_decode_bound" else args.device, **options,

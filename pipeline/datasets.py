@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from pipeline.imagefolder import LayoutError, Sample, find_classes, scan_split
-from pipeline.manifest import ManifestError, manifest_path, read_manifest
+from pipeline.manifest import MANIFEST, ManifestError, manifest_path, read_manifest
 
 IMAGE_MEMBER, LABEL_MEMBER = "jpg", "lbl"     # the members of a sample the loaders read
 # The command that makes each format, for the messages that tell a user what to run
 CONVERTERS = {"ffcv": "python tools/convert_ffcv.py", "webdataset": "python tools/convert_wds.py"}
+REMOTE_BACKENDS = ("webdataset",)      # the backends that read a dataset from a URL
 
 
 class DatasetError(ValueError):
@@ -42,6 +43,8 @@ class Shard:
     first_sample: int          # id of its first sample in the split's stored order
     # per sample: (image offset, image size, label offset) in the tar, from the `.idx` file
     members: Optional[np.ndarray] = None
+    # a shard in object storage: its name in the store (`tar` is then its redacted URL, for messages)
+    object_name: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class ConvertedSplit:
     count: int
     files: list[Path]
     shards: list[Shard] = field(default_factory=list)   # webdataset only
+    remote: Any = None        # read from a URL: its pipeline.remote_dataset.RemoteSource
 
 
 def is_converted(path: str | Path) -> bool:
@@ -84,10 +88,12 @@ def require_directory(path: str | Path, backend: str) -> None:
     """A one-line error for a data path that is no directory, phrased for the backend reading it."""
     from pipeline.object_store import is_url, redact   # here: object_store imports this module's errors
     if is_url(path):
-        # A URL is never printed whole (it may carry credentials). Data in object storage is read
-        # from a webdataset conversion; the folder backend would need a request per image.
+        if backend in REMOTE_BACKENDS:
+            return
+        # A URL is never printed whole (it may carry credentials). The folder backend would need
+        # a request per image: data in object storage is a conversion's.
         advice = (f"; convert the dataset with {CONVERTERS['webdataset']} and use the webdataset backend"
-                  if backend == "folder" else "")
+                  if backend == "folder" else f"; use backend {' or '.join(map(repr, REMOTE_BACKENDS))}")
         raise DatasetError(f"{redact(str(path))}: the {backend} backend reads local paths only{advice}")
     root = Path(path)
     if root.is_dir():
@@ -98,8 +104,13 @@ def require_directory(path: str | Path, backend: str) -> None:
                        f"{' or the output of ' + CONVERTERS['webdataset'] if backend == 'dali' else ''}")
 
 
-def read_converted(path: str | Path, split: str, expected_format: str) -> ConvertedSplit:
-    """The manifest's view of one converted split, with its files checked to be whole."""
+def read_converted(path: str | Path, split: str, expected_format: str, **remote) -> ConvertedSplit:
+    """The manifest's view of one converted split, with its files checked to be whole. A URL is
+    read by pipeline/remote_dataset.py, with `remote`'s cache settings."""
+    from pipeline.object_store import is_url
+    if is_url(path):
+        from pipeline.remote_dataset import read_remote_converted
+        return read_remote_converted(str(path), split, expected_format, **remote)
     root = Path(path)
     converter = CONVERTERS[expected_format]
     require_directory(root, expected_format)
@@ -108,7 +119,7 @@ def read_converted(path: str | Path, split: str, expected_format: str) -> Conver
     for shard in record.get("shards", []):
         directory = root / split
         shards.append(Shard(directory / shard["tar"], directory / shard["index"], shard["count"], first))
-        shards[-1].members = _member_table(shards[-1])
+        shards[-1].members = member_table(shards[-1], _size_or_none(shards[-1].tar))
         first += shard["count"]
     files = [root / name for name in record["files"]]
     for file in files:
@@ -123,6 +134,10 @@ def split_size(path: str | Path, split: str, backend: str) -> int:
     """Samples in a split, known before any loader reads it: a converted split's count from its
     manifest (the loader checks the files when it reads them), else a scan of the folder. A
     backend that reads only converted data (ffcv, webdataset) gets the manifest's error, not a scan."""
+    from pipeline.object_store import is_url
+    if is_url(path):
+        from pipeline.remote_dataset import remote_manifest
+        return split_record(remote_manifest(str(path))[0], str(path), split, backend)[2]["count"]
     if backend in CONVERTERS:
         return _manifest_split(Path(path), split, expected_format=backend)[2]["count"]
     if is_converted(path):
@@ -142,6 +157,14 @@ def _manifest_split(root: Path, split: str, expected_format: Optional[str]) -> t
     if manifest is None:
         raise DatasetError(f"{path}: missing, so {root} is not a finished conversion; "
                            f"run {converter} SRC {root}")
+    return split_record(manifest, root, split, expected_format)
+
+
+def split_record(manifest: dict, root, split: str, expected_format: Optional[str]) -> tuple[str, list[str], dict]:
+    """The format, classes and `split`'s record of a converter manifest read from `root` (a
+    folder, or a redacted URL), checked: of `expected_format` (None: of either), holding the split."""
+    path = f"{root}/{MANIFEST}"
+    converter = CONVERTERS[expected_format] if expected_format else " or ".join(CONVERTERS.values())
     try:
         kind, classes, splits = manifest["format"], manifest["classes"], manifest["splits"]
         converter = CONVERTERS[expected_format or kind]
@@ -154,6 +177,14 @@ def _manifest_split(root: Path, split: str, expected_format: Optional[str]) -> t
         raise DatasetError(f"{root}: split {split!r} was not converted (have: {', '.join(splits) or 'none'}); "
                            f"run {converter} SRC {root} --splits {split}")
     return kind, classes, splits[split]
+
+
+def _size_or_none(file: Path) -> Optional[int]:
+    """None for a missing file, which the caller reports as missing."""
+    try:
+        return file.stat().st_size
+    except FileNotFoundError:
+        return None
 
 
 def _check_size(file: Path, expected: int, converter: str) -> None:
@@ -180,9 +211,10 @@ def read_folder(path: str | Path, split: str) -> tuple[list[str], list[Sample]]:
     return classes, samples
 
 
-def _member_table(shard: Shard) -> np.ndarray:
+def member_table(shard: Shard, tar_size: Optional[int] = None) -> np.ndarray:
     """(count, 3) int64: each sample's image offset and size and label offset in the tar, from
-    the DALI-style `.idx` file; checks that the tar is long enough for every member it lists."""
+    the DALI-style `.idx` file; checks that the tar, of `tar_size` bytes where known, is long
+    enough for every member it lists."""
     rows, end, line_number = [], 0, 1
     try:
         for line_number, line in enumerate(shard.index.read_text().splitlines()[1:], start=2):
@@ -200,8 +232,7 @@ def _member_table(shard: Shard) -> np.ndarray:
     if len(rows) != shard.count:
         raise DatasetError(f"{shard.index}: {len(rows)} samples where the manifest says {shard.count}; "
                            f"run {CONVERTERS['webdataset']} again")
-    size = shard.tar.stat().st_size
-    if size < end:
-        raise DatasetError(f"{shard.tar}: {size} bytes, its index needs {end}: truncated; "
+    if tar_size is not None and tar_size < end:
+        raise DatasetError(f"{shard.tar}: {tar_size} bytes, its index needs {end}: truncated; "
                            f"run {CONVERTERS['webdataset']} again")
     return np.array(rows, dtype=np.int64).reshape(-1, 3)

@@ -47,19 +47,25 @@ def read_manifest(root: str | Path) -> dict | None:
         return None
     except (OSError, UnicodeDecodeError) as error:
         raise ManifestError(f"{path}: unreadable ({_short(error)}); {AGAIN}") from None
+    return parse_manifest(text, str(path))
+
+
+def parse_manifest(text: str, where: str) -> dict:
+    """The manifest in `text`, read from `where` (a path, or a URL already redacted), checked as
+    read_manifest checks it."""
     try:
         manifest = json.loads(text)
     except ValueError as error:
-        raise ManifestError(f"{path}: not valid JSON ({_short(error)}); {AGAIN}") from None
+        raise ManifestError(f"{where}: not valid JSON ({_short(error)}); {AGAIN}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("format"), str):
-        raise ManifestError(f"{path}: not a dataset manifest (no 'format'); {AGAIN}")
+        raise ManifestError(f"{where}: not a dataset manifest (no 'format'); {AGAIN}")
     version = manifest.get("manifest_version")
     if version is None:
-        raise ManifestError(f"{path}: written without a manifest_version (by an older converter); {AGAIN}")
+        raise ManifestError(f"{where}: written without a manifest_version (by an older converter); {AGAIN}")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ManifestError(f"{path}: not a dataset manifest (manifest_version {_short(version)}); {AGAIN}")
+        raise ManifestError(f"{where}: not a dataset manifest (manifest_version {_short(version)}); {AGAIN}")
     if version > MANIFEST_VERSION:
-        raise ManifestError(f"{path}: manifest version {version} is newer than this code reads "
+        raise ManifestError(f"{where}: manifest version {version} is newer than this code reads "
                             f"(up to {MANIFEST_VERSION}): update this code, or {AGAIN} with this one")
     return manifest
 

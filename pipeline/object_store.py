@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import threading
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
@@ -25,13 +26,20 @@ _SHORT = re.compile(r"Requested \d+\.\.\d+, got \d+\.\.\d+")
 _SECRET_QUERY = re.compile(r"(sig|signature|token|credential|key|secret|password|auth)", re.I)
 
 
+class RemoteNotFound(RemoteDataError):
+    """The object asked for is not there (404, or no such key)."""
+
+
 def is_url(path) -> bool:
     """True for a URL this module reads; a plain (local) path is not a URL."""
     return isinstance(path, str) and urlsplit(path).scheme.lower() in SCHEMES and "://" in path
 
 
 def redact(url: str) -> str:
-    """The URL with user:password@ and secret-looking query values replaced by `***`."""
+    """The URL with user:password@ and secret-looking query values replaced by `***`; a local
+    path as it is."""
+    if not is_url(url):
+        return url
     parts = urlsplit(url)
     netloc = parts.netloc
     if "@" in netloc:
@@ -53,7 +61,7 @@ def merge_ranges(ranges: list[tuple[int, int]], gap: int = MERGE_GAP) -> list[tu
     return [(start, end) for start, end in merged]
 
 
-def _describe(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
     """What happened, in words a user acts on, from an obstore exception (whose text carries
     a multi-line debug dump that is never shown)."""
     from obstore import exceptions as errors
@@ -89,6 +97,8 @@ class ObjectStore:
         from_url = _obstore().store.from_url
         self.url = url.rstrip("/")
         self.shown = redact(self.url)
+        self.requests = self.bytes_read = 0       # made and received by this process, for the benchmarks
+        self._counter_lock = threading.Lock()
         scheme = urlsplit(url).scheme.lower()
         retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=60),
                  "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5),
@@ -100,13 +110,18 @@ class ObjectStore:
         try:
             kwargs = {"client_options": options, "retry_config": retry}
             if scheme == "s3":
-                self._store = from_url(self.url, config=_s3_env(), **kwargs)
+                self.client = from_url(self.url, config=_s3_env(), **kwargs)
             else:
-                self._store = from_url(self.url, **kwargs)
+                self.client = from_url(self.url, **kwargs)
         except Exception as error:  # obstore raises its own classes and ValueError for a bad URL
-            raise RemoteDataError(f"{self.shown}: cannot open ({_describe(error)})") from None
+            raise RemoteDataError(f"{self.shown}: cannot open ({describe_error(error)})") from None
 
-    def _where(self, name: str) -> str:
+    def _count(self, requests: int, size: int) -> None:
+        with self._counter_lock:
+            self.requests += requests
+            self.bytes_read += size
+
+    def where(self, name: str) -> str:
         """The object's URL for a message: the name goes in the path, before any query."""
         parts = urlsplit(self.url)
         return redact(urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name}")))
@@ -114,16 +129,18 @@ class ObjectStore:
     def size(self, name: str) -> int:
         obstore = _obstore()
         try:
-            return int(obstore.head(self._store, name)["size"])
+            return int(obstore.head(self.client, name)["size"])
         except Exception as error:
-            raise RemoteDataError(f"{self._where(name)}: {_describe(error)}") from None
+            raise _error(self.where(name), error) from None
 
     def read(self, name: str) -> bytes:
         obstore = _obstore()
         try:
-            return bytes(obstore.get(self._store, name).bytes())
+            data = bytes(obstore.get(self.client, name).bytes())
         except Exception as error:
-            raise RemoteDataError(f"{self._where(name)}: {_describe(error)}") from None
+            raise _error(self.where(name), error) from None
+        self._count(1, len(data))
+        return data
 
     def read_ranges(self, name: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes of each (start, end) range, in the order given; neighbouring ranges are
@@ -136,21 +153,27 @@ class ObjectStore:
         pieces = None
         for attempt in range(2):   # once more when a response came back short
             try:
-                pieces = [bytes(p) for p in obstore.get_ranges(self._store, name, starts=starts, ends=ends)]
+                pieces = [bytes(p) for p in obstore.get_ranges(self.client, name, starts=starts, ends=ends)]
             except Exception as error:
                 # obstore checks a range response against the range asked for but does not retry it
                 if attempt == 0 and _SHORT.search(str(error)):
                     continue
-                raise RemoteDataError(f"{self._where(name)}: {_describe(error)}") from None
+                raise _error(self.where(name), error) from None
             if all(len(p) == e - s for p, s, e in zip(pieces, starts, ends)):
                 break
         else:
-            raise RemoteDataError(f"{self._where(name)}: responses shorter than the ranges asked for, twice")
+            raise RemoteDataError(f"{self.where(name)}: responses shorter than the ranges asked for, twice")
+        self._count(len(pieces), sum(map(len, pieces)))
         out = []
         for start, end in ranges:
             i = _containing(starts, start)
             out.append(pieces[i][start - starts[i]:end - starts[i]])
         return out
+
+
+def _error(where: str, error: BaseException) -> RemoteDataError:
+    what = describe_error(error)
+    return (RemoteNotFound if what.startswith("not found") else RemoteDataError)(f"{where}: {what}")
 
 
 def _obstore():

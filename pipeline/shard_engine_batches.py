@@ -61,9 +61,9 @@ class EngineBatches:
         those Pillow cannot decode either are left out and reported."""
         started = time.thread_time()
         out = buffer.numpy()
-        samples = self.stored.located(ids)
-        python_seconds = time.thread_time() - started
-        decoded = decode_engine.decode_batch(samples, self.spec, epoch, side, out, threads=self.spec.num_workers)
+        with self.stored.located(ids) as samples:
+            python_seconds = time.thread_time() - started
+            decoded = decode_engine.decode_batch(samples, self.spec, epoch, side, out, threads=self.spec.num_workers)
         fallback_started = time.thread_time()
         labels, kept, errors = torch.from_numpy(decoded.labels.astype(np.int64)), np.ones(len(ids), bool), []
         for position, _ in decoded.failed:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import os
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -82,6 +83,9 @@ class StoredShards:
         size = spec.batch_size
         return [ids[b * size:(b + 1) * size] for b in range(batch_count(len(ids), size, spec.drop_last))]
 
+    def consumed(self, batch_index: int) -> None:
+        """Told of each batch handed out; a reader that fetches ahead (pipeline/remote_shards.py) listens."""
+
     def fd(self, shard_index: int) -> int:
         if self._opened_by != os.getpid():            # a forked worker: the parent's files are not ours to share
             self._files, self._opened_by = {}, os.getpid()
@@ -93,11 +97,13 @@ class StoredShards:
                 raise unreadable(tar, error) from None
         return self._files[shard_index]
 
-    def located(self, ids: np.ndarray) -> decode_engine.StoredSamples:
+    @contextmanager
+    def located(self, ids: np.ndarray):
+        """Where the samples `ids` lie, for the decode engine, while the context lasts."""
         shards, which = np.unique(self.shard_of[ids], return_inverse=True)      # one fd lookup a shard
         fds = np.array([self.fd(int(shard)) for shard in shards], np.int32)[which]
         members = self.members[ids]
-        return decode_engine.StoredSamples(ids, fds, members[:, 0], members[:, 1], members[:, 2])
+        yield decode_engine.StoredSamples(ids, fds, members[:, 0], members[:, 1], members[:, 2])
 
     def name(self, sample_id: int) -> SampleName:
         shard = self.shards[int(self.shard_of[sample_id])]

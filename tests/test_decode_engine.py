@@ -26,7 +26,8 @@ def stored(converted_sets):
     (samples, jpeg bytes)."""
     shards = StoredShards(read_converted(converted_sets["photos"]["webdataset"], "train", "webdataset").shards)
     ids = np.arange(len(shards))
-    yield shards.located(ids), [shards.read(int(i))[0] for i in ids]
+    with shards.located(ids) as samples:
+        yield samples, [shards.read(int(i))[0] for i in ids]
     shards.close()
 
 

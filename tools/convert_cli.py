@@ -15,7 +15,8 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("src", type=Path, help="ImageNet-layout folder: SRC/<split>/<class>/<image>")
-    parser.add_argument("out", type=Path, help="output folder")
+    parser.add_argument("out", help="output folder, or s3://BUCKET/PREFIX or gs://BUCKET/PREFIX: converted in "
+                                    "--staging, then uploaded there, the manifest last")
     parser.add_argument("--splits", default="train,val", help="comma-separated split folders to convert")
     parser.add_argument("--max-resolution", type=int, default=512,
                         help="shrink so the longest side is at most this (0: keep sizes)")
@@ -23,6 +24,12 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--num-workers", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--strict", action="store_true", help="exit 1 if any file was skipped")
     parser.add_argument("--force", action="store_true", help="convert even if OUT is up to date")
+    parser.add_argument("--staging", type=Path, default=argparse.SUPPRESS,
+                        help="with an s3:// or gs:// OUT: the local folder to convert into before uploading; it "
+                             "is kept, so a re-run converts nothing already converted and uploads only what is "
+                             "missing (default: a folder per destination under the system temp dir, "
+                             "fastpipe-staging-UID/FORMAT-HASH; name one on a disk with room for the dataset)")
+    parser.add_argument("--upload-workers", type=int, default=4, help="files uploaded at once")
     return parser
 
 
@@ -33,6 +40,8 @@ def check_common_args(args: argparse.Namespace) -> None:
         raise ConversionError(f"--jpeg-quality must be in 1..100, got {args.jpeg_quality}")
     if args.num_workers < 1:
         raise ConversionError(f"--num-workers must be >= 1, got {args.num_workers}")
+    if args.upload_workers < 1:
+        raise ConversionError(f"--upload-workers must be >= 1, got {args.upload_workers}")
     args.splits = [s for s in args.splits.split(",") if s]
     if not args.splits:
         raise ConversionError("--splits is empty")
@@ -48,7 +57,7 @@ def main_guard(run: Callable[[], int]) -> None:
     except ConversionFault as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        print("interrupted: nothing was renamed into place; outputs from earlier runs are intact",
+    except KeyboardInterrupt as interrupt:
+        print(f"interrupted: {interrupt or 'nothing was renamed into place; outputs from earlier runs are intact'}",
               file=sys.stderr)
         sys.exit(130)

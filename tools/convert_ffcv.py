@@ -8,7 +8,8 @@ first pass (JPEG at 1/8 scale) and left out, because FFCV's writer waits forever
 worker that raised; should a file still fail in the writer, it is written as a 1x1
 placeholder, and the split is written again without it, so no placeholder is ever kept.
 A worker that dies in FFCV's own code (a full disk) would also leave the writer waiting:
-`_worker_failure_raised` notices its traceback and raises it here instead.
+`_worker_failure_raised` notices its traceback and raises it here instead. Each split's manifest
+record holds its .beton's size and sha256 (`bytes`, `sha256`), for a copy to be checked against.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from convert_errors import ConversionError, ConversionFault  # noqa: E402
 from convert_images import describe_failure, load_rgb, probe  # noqa: E402
 from convert_parallel import parallel_map  # noqa: E402
 from convert_splits import SplitResult, run_conversion  # noqa: E402
+from convert_upload import sha256_file  # noqa: E402
 from pipeline.atomic_files import replace_atomically  # noqa: E402
 from pipeline.imagefolder import Sample, Skipped  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
@@ -176,7 +178,7 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
         replace_atomically(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
-    return SplitResult(len(good), skipped, [final.name], {"bytes": final.stat().st_size})
+    return SplitResult(len(good), skipped, [final.name], {"bytes": final.stat().st_size, "sha256": sha256_file(final)})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,17 +1,22 @@
 """The conversion of an ImageNet-layout folder, split by split, that both converters run
 (`run_conversion`): scan SRC, convert each split that is not up to date with the converter's
-own `convert_split`, and write the manifest (pipeline/manifest.py) last.
+own `convert_split`, and write the manifest (pipeline/manifest.py) last. With an s3:// or gs://
+OUT, all of that happens in a local staging folder, which is then uploaded (tools/convert_upload.py).
 
 Outputs are written under temporary names and renamed into place by `convert_split`, and the
 manifest is written after them, so an output that has a manifest is complete; a split whose
-source files and options are unchanged since the manifest was written is not converted again.
+source files and options are unchanged since the manifest was written is not converted again,
+and a manifest that would say nothing new is left as it is. The manifest records each output
+file's size and sha256.
 Files that cannot be samples are skipped, listed with their reason in the manifest and on
 stderr; the run never stops half-way.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
+import json
 import os
 import platform
 import sys
@@ -23,9 +28,10 @@ from typing import Callable, Iterable
 
 from convert_cli import check_common_args
 from convert_errors import ConversionError, ConversionFault
+from convert_upload import add_checksums, open_destination
 from pipeline.atomic_files import check_writable
 from pipeline.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split
-from pipeline.manifest import MANIFEST, ManifestError, read_manifest, write_manifest
+from pipeline.manifest import MANIFEST, MANIFEST_VERSION, ManifestError, read_manifest, write_manifest
 
 
 def library_versions(*names: str) -> dict[str, str]:
@@ -63,6 +69,8 @@ def report_skips(skipped: list[Skipped]) -> None:
 # Options that do not change what is written: a manifest from a run that differed only in
 # these is still up to date.
 NON_OUTPUT_PARAMS = ("splits", "num_workers", "strict")
+# Options not recorded at all: where the output goes, and how.
+UNRECORDED_PARAMS = ("src", "out", "force", "staging", "upload_workers")
 
 
 def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[str, ...],
@@ -73,8 +81,10 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
     renames them into place before it returns; the manifest, written last, marks completion.
     Splits converted by an earlier run into the same OUT with the same classes and options
     stay in the manifest; a split whose source files are unchanged is not converted again.
+    An s3:// or gs:// OUT is checked first, then converted in a staging folder and uploaded.
     """
     check_common_args(args)
+    destination = open_destination(args, format_name)
     src, out = args.src, args.out
     if not src.is_dir():
         raise ConversionError(f"{src}: source folder does not exist")
@@ -89,14 +99,14 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
         raise ConversionError(f"{src}: no image files under {', '.join(args.splits)}")
 
     params = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items())
-              if k not in ("src", "out", "force")}
+              if k not in UNRECORDED_PARAMS}
     output_params = {k: v for k, v in params.items() if k not in NON_OUTPUT_PARAMS}
     check_out_folder(out)
     previous = previous_manifest(out)
     kept: dict[str, dict] = {}
     if previous and previous.get("format") == format_name and previous.get("classes") == classes \
             and previous.get("output_params") == output_params and previous.get("source") == str(src.resolve()):
-        kept = {split: record for split, record in previous["splits"].items()
+        kept = {split: copy.deepcopy(record) for split, record in previous["splits"].items()
                 if all((out / f).exists() for f in record["files"])}
 
     started, converted = time.perf_counter(), 0
@@ -123,28 +133,43 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
     elapsed = time.perf_counter() - started
 
     splits = {split: kept[split] for split in sorted(kept)}
+    for split, record in splits.items():
+        add_checksums(split, record, out)
     skipped = [{**skip, "split": split} for split, record in splits.items() for skip in record["skipped"]]
-    try:
-        write_manifest(out, {
-            "format": format_name,
-            "classes": classes,
-            "counts": {split: record["count"] for split, record in splits.items()},
-            "skipped": skipped,
-            "params": params,
-            "output_params": output_params,
-            "source": str(src.resolve()),
-            "versions": library_versions(*libraries),
-            "splits": splits,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        })
-    except OSError as error:
-        raise ConversionFault(f"{out}: {describe_os_error(error)} while writing {MANIFEST}: the new files are in "
-                              f"place but the manifest is the earlier one; run again once there is room") from None
+    content = {
+        "format": format_name,
+        "classes": classes,
+        "counts": {split: record["count"] for split, record in splits.items()},
+        "skipped": skipped,
+        "params": params,
+        "output_params": output_params,
+        "source": str(src.resolve()),
+        "versions": library_versions(*libraries),
+        "splits": splits,
+    }
+    # A manifest that says nothing new is kept, date and all, so an upload finds it already there.
+    if converted or not previous or not same_content(previous, content):
+        try:
+            write_manifest(out, {**content, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        except OSError as error:
+            raise ConversionFault(f"{out}: {describe_os_error(error)} while writing {MANIFEST}: the new files "
+                                  "are in place but the manifest is the earlier one; run again once there is "
+                                  "room") from None
     rate = f", {converted / elapsed:.0f} img/s" if converted else ""
     print(f"{out}: {format_name}, {len(classes)} classes, "
           + ", ".join(f"{split} {record['count']}" for split, record in splits.items())
           + f", {len(skipped)} skipped{rate}", file=sys.stderr)
+    if destination:
+        destination.upload(out)
     return 1 if args.strict and any(splits[s]["skipped"] for s in args.splits) else 0
+
+
+def same_content(previous: dict, content: dict) -> bool:
+    """The previous manifest says what `content` says (its version and date aside)."""
+    if previous.get("manifest_version") != MANIFEST_VERSION:
+        return False
+    comparable = {k: v for k, v in previous.items() if k not in ("manifest_version", "created")}
+    return comparable == json.loads(json.dumps(content))
 
 
 def check_out_folder(out: Path) -> None:

@@ -18,11 +18,14 @@ samples are written in a seeded random order, because WebDataset readers only sh
 and a buffer; val stays in folder order. Index files in DALI's `wds2idx` format (v1.2: per
 sample, each member's extension, data offset, size and name) are written beside the shards,
 from the offsets the writer knows, so converting needs no DALI (a GPU node may get DALI last).
-Tars are deterministic: the same input and options give the same bytes.
+Tars are deterministic: the same input and options give the same bytes. Each shard's manifest
+entry holds the tar's size and sha256 (`bytes`, `sha256`) and its index's (`index_bytes`,
+`index_sha256`), hashed as they are written.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import os
 import shutil
@@ -85,6 +88,28 @@ def _tar_size(member_bytes: int) -> int:
     return -(-(member_bytes + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
 
 
+class HashingFile:
+    """A file opened for writing that hashes what goes into it: tarfile writes a shard front to
+    back, so the hash is the file's without reading it again."""
+
+    def __init__(self, path: Path):
+        self.file, self.digest = open(path, "wb"), hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return self.file.write(data)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def close(self) -> int:
+        """Flush, fsync and close; the file's size."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return os.path.getsize(self.file.name)
+
+
 class ShardWriter:
     """Writes samples into size-capped, deterministic tar shards, each with its DALI index."""
 
@@ -93,6 +118,7 @@ class ShardWriter:
         self.shards: list[dict] = []
         self.count = 0
         self.tar: tarfile.TarFile | None = None
+        self.tar_file: HashingFile | None = None
         self.index_lines: list[str] = []   # the current shard's, one a sample
 
     def add(self, key: str, members: dict[str, bytes]) -> None:
@@ -109,25 +135,28 @@ class ShardWriter:
             entries.append(f"{ext} {data_offset} {len(data)} {info.name}")
         self.index_lines.append(" ".join(entries))
         self.shards[-1]["count"] += 1
-        self.shards[-1]["bytes"] += size
+        self.shards[-1]["bytes"] += size      # the members' so far; the file's size once closed
         self.count += 1
 
     def _open_next(self) -> None:
         self._close_current()
         name = SHARD_PATTERN.format(len(self.shards))
         self.shards.append({"tar": f"{name}.tar", "index": f"{name}.idx", "count": 0, "bytes": 0})
-        self.tar = tarfile.open(self.folder / f"{name}.tar", "w", format=tarfile.USTAR_FORMAT)
+        self.tar_file = HashingFile(self.folder / f"{name}.tar")
+        self.tar = tarfile.open(fileobj=self.tar_file, mode="w", format=tarfile.USTAR_FORMAT)
 
     def _close_current(self) -> None:
         if self.tar is None:
             return
         self.tar.close()
         shard = self.shards[-1]
-        fsync_path(self.folder / shard["tar"])
+        shard["bytes"], shard["sha256"] = self.tar_file.close(), self.tar_file.digest.hexdigest()
         index = self.folder / shard["index"]
-        index.write_text(f"v1.2 {len(self.index_lines)}\n" + "".join(line + "\n" for line in self.index_lines))
+        text = (f"v1.2 {len(self.index_lines)}\n" + "".join(line + "\n" for line in self.index_lines)).encode()
+        index.write_bytes(text)
         fsync_path(index)
-        self.tar, self.index_lines = None, []
+        shard["index_bytes"], shard["index_sha256"] = len(text), hashlib.sha256(text).hexdigest()
+        self.tar, self.tar_file, self.index_lines = None, None, []
 
     def close(self) -> None:
         self._close_current()

@@ -42,6 +42,8 @@ class DataConfig:
     num_classes: Optional[int] = None     # synthetic only
     synthetic_size: int = 10_000          # synthetic only
     measured_results: str = ""            # auto: the folder of per-machine loader figures ('': probe)
+    cache_dir: str = ""                   # path is a URL: the node's cache ('': ~/.cache/fastpipe/datasets)
+    cache_limit: str = "16GiB"            # the cache's size; past it, the least recently used blocks go
 
     def loader_spec(self, split: str, **placement) -> LoaderSpec:
         batch_size = self.batch_size if split == "train" else (self.val_batch_size or self.batch_size)
@@ -52,7 +54,8 @@ class DataConfig:
                           num_workers=self.num_workers, hw_decoder_load=self.hw_decoder_load, mean=self.mean,
                           std=self.std, on_corrupt=self.on_corrupt, num_classes=self.num_classes,
                           synthetic_size=self.synthetic_size,
-                          measured_results=self.measured_results or None, **placement)
+                          measured_results=self.measured_results or None, cache_dir=self.cache_dir or None,
+                          cache_limit=self.cache_limit, **placement)
 
 
 @dataclass

@@ -19,7 +19,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from pipeline.base import LoaderWorkerDied  # noqa: E402
-from pipeline.datasets import DatasetError  # noqa: E402
+from pipeline.datasets import DatasetError, RemoteDataError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 from training import distributed  # noqa: E402
 from training.distributed import close_world  # noqa: E402
@@ -41,9 +41,18 @@ def main(argv=None) -> int:
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    trainer = None
     try:
         config = load_config(args.config, args.overrides)
-        build_run(config).fit()
+        trainer = build_run(config)
+        trainer.fit()
+    # Data in object storage that stopped answering mid-run (after obstore's retries): this rank
+    # alone, so the other ranks' collectives fail too; a bad URL or credentials are met building the run.
+    except RemoteDataError as error:
+        if trainer is not None:
+            exit_now(f"error: rank {rank}: {error}; the checkpoints are intact: run again with resume=auto "
+                     f"once it answers")
+        return finish(f"error: {error}" if rank == 0 else "", USAGE_ERROR)
     # Every rank meets these at the same point, so the process group can be closed together.
     except (ConfigError, DatasetError) as error:
         return finish(f"error: {error}" if rank == 0 else "", USAGE_ERROR)

@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from algorithms import clashes
 from algorithms.base import Event, RunPlan, settle_loader_specs
 from pipeline import batches_per_epoch, build_loader
+from pipeline.object_store import redact
 from training import distributed as dist
 from training import checkpoints
 from training.config import Config, ConfigError
@@ -156,7 +157,7 @@ class Trainer:
         self._prepare_run_dir()
         if self._precision_choice:
             self.log.print(describe(self._precision_choice))
-        source = config.data.backend + (f":{config.data.path}" if config.data.backend != "synthetic" else "")
+        source = config.data.backend + (f":{redact(config.data.path)}" if config.data.backend != "synthetic" else "")
         self.log.print(f"training {config.model.name} on {source}: "
                        f"{state.epochs} epochs of {state.steps_per_epoch} steps, {self.world.size} process(es) "
                        f"on {self.world.device}, global batch {config.data.batch_size * self.world.size}, "
@@ -372,7 +373,9 @@ class Trainer:
             try:
                 self.log.check_writable()
                 self.log.rewind(self.state.step)
-                self.log.write_config(to_plain(self.config))
+                plain = to_plain(self.config)
+                plain["data"]["path"] = redact(plain["data"]["path"])      # a URL may carry credentials
+                self.log.write_config(plain)
             except OSError as error:
                 problem = f"run_dir {self.config.run_dir}: {cannot_write(error, self.config.run_dir)}"
         problem = dist.broadcast_from_main(problem, self.world)

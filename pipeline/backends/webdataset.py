@@ -6,6 +6,7 @@ samples, in which order, on which rank). Decoding: the native engine makes each 
 `num_workers` threads in a background thread of this process (`pipeline/shard_engine_batches.py`).
 RandAugment, whose operations are Pillow's and need Python, runs instead in DataLoader worker
 processes (`pipeline/shard_worker_batches.py`), as does everything with `native_decode=False`.
+A dataset at a URL is read through the node's block cache (`pipeline/remote_shards.py`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pipeline.base import Loader
 from pipeline.datasets import read_converted
 from pipeline.loader_workers import BatchKeys, torch_dataloader
 from pipeline.shard_engine_batches import EngineBatches
+from pipeline.remote_shards import RemoteShards
 from pipeline.shard_index import StoredShards
 from pipeline.shard_worker_batches import WorkerBatches
 from pipeline.spec import LoaderSpec
@@ -22,8 +24,10 @@ from pipeline.spec import LoaderSpec
 
 class WebDatasetLoader(Loader):
     def __init__(self, spec: LoaderSpec):
-        data = read_converted(spec.path, spec.split, "webdataset")
-        self.stored = StoredShards(data.shards)
+        data = read_converted(spec.path, spec.split, "webdataset", cache_dir=spec.cache_dir,
+                              cache_limit=spec.cache_limit)
+        # From a URL the same samples and plans, their bytes fetched into the node's cache
+        self.stored = RemoteShards(data.shards, data.remote) if data.remote else StoredShards(data.shards)
         self._plan: list[np.ndarray] = []
         super().__init__(spec, len(data.classes))
         # RandAugment's operations are Pillow's, in Python: its samples are decoded in DataLoader workers
@@ -49,12 +53,22 @@ class WebDatasetLoader(Loader):
         return len(self._plan)
 
     def _batches(self, epoch: int, start: int):
+        if isinstance(self.stored, RemoteShards):
+            self.stored.read_ahead(self._plan, start)
+        try:
+            yield from self._decoded_batches(epoch, start)
+        finally:
+            if isinstance(self.stored, RemoteShards):
+                self.stored.stop_read_ahead()
+
+    def _decoded_batches(self, epoch: int, start: int):
         if self.engine is not None:
             batches = self.engine.batches(self._plan, epoch, self.side, start)
         else:
             self._sampler.keys, self._sampler.start = [(epoch, self.side, ids) for ids in self._plan], start
             batches = ((index, *batch) for index, batch in enumerate(self.dataloader, start))
         for index, images, labels, errors in batches:
+            self.stored.consumed(index)
             self._undecodable(errors)
             if len(labels):
                 yield index, self._to_model_input(images), self._to_device_labels(labels)

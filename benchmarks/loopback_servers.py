@@ -1,0 +1,86 @@
+"""Real servers on 127.0.0.1 only, for the object-storage tests and the remote loader
+benchmark: nginx serving a folder (range requests answered with 206, an access log to count
+requests, a `deny all;` location) and moto's S3 server."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(port: int, process: subprocess.Popen) -> None:
+    for _ in range(500):
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)   # polling for the port to open, not a timing assumption
+    raise RuntimeError(f"nothing listening on 127.0.0.1:{port}")
+
+
+class Nginx:
+    def __init__(self, root: Path, prefix: Path):
+        self.port = free_port()
+        prefix.mkdir(parents=True, exist_ok=True)
+        self.access_log = prefix / "access.log"
+        conf = prefix / "nginx.conf"
+        # As root, nginx's workers drop to `nobody`, which cannot enter pytest's 0700 folders.
+        user = "user root;" if os.geteuid() == 0 else ""
+        conf.write_text(f"""daemon off; {user} pid {prefix}/nginx.pid; error_log {prefix}/error.log;
+events {{ worker_connections 256; }}
+http {{
+  access_log {self.access_log};
+  client_body_temp_path {prefix}/body; proxy_temp_path {prefix}/proxy; fastcgi_temp_path {prefix}/fcgi;
+  uwsgi_temp_path {prefix}/uwsgi; scgi_temp_path {prefix}/scgi;
+  server {{ listen 127.0.0.1:{self.port}; root {root}; location /denied/ {{ deny all; }} }}
+}}""")
+        self.process = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(prefix)])
+        _wait_listening(self.port, self.process)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def requests(self) -> int:
+        return len(self.access_log.read_text().splitlines()) if self.access_log.exists() else 0
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+
+
+class MotoS3:
+    def __init__(self):
+        from moto.server import ThreadedMotoServer
+        self.port = free_port()
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port)
+        self.server.start()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def upload(self, folder: Path, bucket: str, prefix: str) -> str:
+        """Every file under `folder` as s3://bucket/prefix/<its path>; returns that URL."""
+        import boto3    # obstore has no bucket creation; boto3 comes with moto
+        client = boto3.client("s3", endpoint_url=self.url, region_name="us-east-1", aws_access_key_id="testing",
+                              aws_secret_access_key="testing")
+        if bucket not in [b["Name"] for b in client.list_buckets().get("Buckets", [])]:
+            client.create_bucket(Bucket=bucket)
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder)}")
+        return f"s3://{bucket}/{prefix}"
+
+    def environment(self) -> dict[str, str]:
+        """The variables that point an S3 client at this server."""
+        return {"AWS_ENDPOINT_URL": self.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_REGION": "us-east-1"}
+
+    def stop(self):
+        self.server.stop()

@@ -1,0 +1,140 @@
+"""A bounded cache of immutable blocks on local disk, shared by every process of a node.
+
+The remote readers keep what they fetch here (`pipeline/remote_shards.py`), so a later epoch
+reads a block from disk where the data fits. Each block is a file written under a temporary
+name and renamed into place, so a reader never sees a torn one. Fetching a block takes an
+exclusive `flock` on one of `LOCK_STRIPES` lock files chosen by the block's name: two
+processes (or threads, each with its own open file) never fetch one block at once; the second
+waits and then finds it there.
+
+Past `limit` bytes, the least recently used blocks are deleted (by modification time, which
+each use renews) until the cache holds `EVICT_TO` of it. A process still reading a deleted
+block keeps its open file; the next one to need it fetches it again.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+LOCK_STRIPES = 4096
+EVICT_TO = 0.9          # of the limit, so that eviction is not run again at the very next block
+BLOCK_SUFFIX = ".block"
+STALE_TMP_SECONDS = 600      # a block takes far less to write; older temporary files are a dead writer's
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.I)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(value) -> int:
+    """Bytes from an int or a size such as '20GiB', '500MB', '1.5g'."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _SIZE.match(str(value))
+    if not match or match.group(2) is not None and match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {value!r} (examples: 20GiB, 500MB, 1073741824)")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+
+class BlockCache:
+    def __init__(self, root: str | Path, limit: int):
+        self.root = Path(root)
+        self.limit = limit
+        (self.root / ".locks").mkdir(parents=True, exist_ok=True)
+        self._added_since_scan = limit      # scan at the first block this process adds
+        self._lock = threading.Lock()
+        self.fetched_bytes = 0              # by this process
+        self.fetches = 0
+
+    def path(self, name: str) -> Path:
+        return self.root / f"{name}{BLOCK_SUFFIX}"
+
+    def open(self, name: str, fetch: Callable[[], bytes]) -> int:
+        """An open file descriptor (O_RDONLY) of block `name`, fetched if need be; the caller closes it."""
+        for _ in range(3):
+            try:
+                return os.open(self.get(name, fetch), os.O_RDONLY)
+            except FileNotFoundError:       # evicted by another process between get and open
+                continue
+        return os.open(self.get(name, fetch), os.O_RDONLY)
+
+    def get(self, name: str, fetch: Callable[[], bytes]) -> Path:
+        """The file holding block `name`, fetched with `fetch()` unless a process has already."""
+        path = self.path(name)
+        if _renew(path):
+            return path
+        stripe = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little") % LOCK_STRIPES
+        with open(self.root / ".locks" / f"{stripe:04d}", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if _renew(path):                # fetched by whoever held the lock before us
+                return path
+            data = fetch()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+            with open(tmp, "wb") as out:
+                out.write(data)
+            os.replace(tmp, path)
+        with self._lock:
+            self.fetched_bytes += len(data)
+            self.fetches += 1
+            self._added_since_scan += len(data)
+            due = self._added_since_scan >= (1 - EVICT_TO) * self.limit
+            if due:
+                self._added_since_scan = 0
+        if due:
+            self.evict(keep=path)
+        return path
+
+    def evict(self, keep: Path | None = None) -> int:
+        """Deletes least recently used blocks until the cache holds at most EVICT_TO of its
+        limit, if it holds more than the limit, never `keep` (the block about to be read);
+        returns the bytes it freed."""
+        blocks, now = [], time.time()
+        for folder, _, files in os.walk(self.root):
+            for file in files:
+                if ".tmp-" in file:
+                    _remove_stale(os.path.join(folder, file), now)
+                elif file.endswith(BLOCK_SUFFIX):
+                    try:
+                        stat = os.stat(os.path.join(folder, file))
+                    except FileNotFoundError:   # evicted by another process meanwhile
+                        continue
+                    blocks.append((stat.st_mtime_ns, stat.st_size, os.path.join(folder, file)))
+        total = sum(size for _, size, _ in blocks)
+        if total <= self.limit:
+            return 0
+        freed = 0
+        for _, size, file in sorted(blocks):
+            if total - freed <= EVICT_TO * self.limit:
+                break
+            if keep is not None and file == str(keep):
+                continue
+            try:
+                os.unlink(file)
+                freed += size
+            except FileNotFoundError:
+                pass
+        return freed
+
+
+def _remove_stale(tmp: str, now: float) -> None:
+    """A temporary block left by a process killed while writing it."""
+    try:
+        if now - os.stat(tmp).st_mtime > STALE_TMP_SECONDS:
+            os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+
+
+def _renew(path: Path) -> bool:
+    """True if the block is there, marking it recently used."""
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,91 @@
+"""A converted dataset read from a URL (s3://, gs://, http(s)://): the folder a converter wrote,
+served as it is by a bucket or a static web server.
+
+The manifest is fetched at every start (it is small, and it says whether the dataset changed);
+each shard's `.idx` is fetched once into the local cache and read from there afterwards. The
+cache folder of a dataset is named by a hash of its URL and manifest, so a dataset converted
+again under the same URL never meets blocks of its old shards. Where things live:
+
+    CACHE_DIR/<dataset>/manifest.json          a copy, for people looking at the cache
+    CACHE_DIR/<dataset>/<split>/<shard>.idx    fetched once
+    CACHE_DIR/<dataset>/<split>/<shard>.tar.<block>.block   samples, evicted past the limit
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from pipeline.atomic_files import write_bytes_atomic
+from pipeline.block_cache import BlockCache, parse_size
+from pipeline.datasets import CONVERTERS, ConvertedSplit, DatasetError, RemoteDataError, Shard, member_table, split_record
+from pipeline.manifest import MANIFEST, ManifestError, parse_manifest
+from pipeline.object_store import ObjectStore, RemoteNotFound, open_store
+
+DEFAULT_CACHE_LIMIT = "16GiB"
+INDEX_FETCHES = 16        # .idx files fetched at once: a dataset has hundreds, each a round trip
+
+
+@dataclass
+class RemoteSource:
+    """Where a remote split's bytes come from and where they are kept."""
+    store: ObjectStore
+    cache: BlockCache
+    dataset: str              # the dataset's folder in the cache
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fastpipe" / "datasets"
+
+
+def remote_manifest(url: str) -> tuple[dict, bytes, ObjectStore]:
+    """The dataset manifest at URL, checked, with its bytes and the store."""
+    store = open_store(url)
+    try:
+        raw = store.read(MANIFEST)
+    except RemoteNotFound:
+        raise RemoteDataError(f"{store.where(MANIFEST)}: not found, so {store.shown} is not a finished conversion "
+                              f"(or its upload was interrupted); run {' or '.join(CONVERTERS.values())} SRC URL") from None
+    try:
+        return parse_manifest(raw.decode("utf-8", errors="replace"), store.where(MANIFEST)), raw, store
+    except ManifestError as error:
+        raise DatasetError(str(error)) from None
+
+
+def read_remote_converted(url: str, split: str, expected_format: str, cache_dir: Optional[str] = None,
+                          cache_limit=None) -> ConvertedSplit:
+    """The manifest's view of one converted split at URL, its indexes in the cache."""
+    manifest, raw, store = remote_manifest(url)
+    kind, classes, record = split_record(manifest, store.shown, split, expected_format)
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    cache = BlockCache(root, parse_size(cache_limit if cache_limit is not None else DEFAULT_CACHE_LIMIT))
+    dataset = hashlib.sha256(store.shown.encode() + b"\0" + raw).hexdigest()[:16]
+    folder = root / dataset
+    (folder / split).mkdir(parents=True, exist_ok=True)
+    if not (folder / MANIFEST).exists():
+        write_bytes_atomic(folder / MANIFEST, raw, durable=False)
+    shards, first = [], 0
+    for entry in record.get("shards", []):
+        shards.append(Shard(store.where(f"{split}/{entry['tar']}"), folder / split / entry["index"], entry["count"],
+                            first, object_name=f"{split}/{entry['tar']}"))
+        first += entry["count"]
+    with ThreadPoolExecutor(INDEX_FETCHES) as pool:
+        for shard, entry in zip(shards, record.get("shards", [])):
+            pool.submit(_fetch_index, store, f"{split}/{entry['index']}", shard.index)
+        pool.shutdown(wait=True)
+    for shard in shards:
+        _fetch_index(store, f"{split}/{Path(shard.index).name}", shard.index)   # raises what a pool fetch met
+        shard.members = member_table(shard)
+    files = [Path(name) for name in record["files"]]
+    split_data = ConvertedSplit(folder, kind, split, classes, record["count"], files, shards)
+    split_data.remote = RemoteSource(store, cache, dataset)
+    return split_data
+
+
+def _fetch_index(store: ObjectStore, name: str, local: Path) -> None:
+    if not local.exists():
+        write_bytes_atomic(local, store.read(name), durable=False)

@@ -1,0 +1,172 @@
+"""The webdataset backend reading a converted dataset from a URL, against real servers (nginx
+over HTTP, moto's S3 server): the batches bit for bit those of the same shards on local disk
+(engine and Pillow paths, resume included), the node's cache shared, bounded and reused, and the
+bytes fetched close to the bytes of the samples read."""
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import LoaderSpec, build_loader
+from pipeline.block_cache import BLOCK_SUFFIX
+from pipeline.datasets import DatasetError, RemoteDataError, read_converted
+from pipeline.remote_shards import cut_blocks, sample_spans
+
+
+@pytest.fixture(scope="module")
+def photos_server(converted_sets, tmp_path_factory):
+    """nginx serving the converted sets' folder; the photos conversion is at URL/photos_wds."""
+    from servers import Nginx
+    server = Nginx(converted_sets["photos"]["webdataset"].parent, tmp_path_factory.mktemp("nginx-photos"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def photos_in_s3(moto_s3, converted_sets):
+    """The photos conversion uploaded to moto's S3 server as s3://datasets/photos_wds."""
+    import boto3
+    folder = converted_sets["photos"]["webdataset"]
+    client = boto3.client("s3", endpoint_url=moto_s3.url, region_name="us-east-1", aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    client.create_bucket(Bucket="datasets")
+    for path in folder.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), "datasets", f"photos_wds/{path.relative_to(folder)}")
+    return "s3://datasets/photos_wds"
+
+
+@pytest.fixture
+def s3_env(moto_s3, monkeypatch):
+    for name, value in (("AWS_ENDPOINT_URL", moto_s3.url), ("AWS_ACCESS_KEY_ID", "testing"),
+                        ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+
+
+def spec(path, split="train", **options) -> LoaderSpec:
+    settings = dict(backend="webdataset", path=str(path), split=split, batch_size=16, resolution=64,
+                    val_resolution=64, num_workers=2, seed=3)
+    return LoaderSpec(**{**settings, **options})
+
+
+def batches(loader, epoch=0, start=None):
+    if start is None:
+        loader.set_epoch(epoch)
+    else:
+        loader.load_state_dict({"epoch": epoch, "position": start})
+    return [(images.clone(), labels.clone()) for images, labels in loader]
+
+
+def assert_same(expected, actual):
+    assert len(expected) == len(actual) > 0
+    for (x1, y1), (x2, y2) in zip(expected, actual):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+
+
+@pytest.mark.parametrize("options", [dict(split="train"), dict(split="val"),
+                                     dict(split="train", native_decode=False),
+                                     dict(split="train", rank=1, world_size=2, colout=(0.1, 0.1))],
+                         ids=["train-engine", "val-engine", "train-pillow", "rank1of2-colout"])
+def test_http_batches_equal_local_disk(converted_sets, photos_server, tmp_path, options):
+    local = converted_sets["photos"]["webdataset"]
+    expected = batches(build_loader(spec(local, **options)), epoch=1)
+    remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=tmp_path, **options))
+    assert_same(expected, batches(remote, epoch=1))
+
+
+def test_s3_batches_equal_local_disk_and_resume(converted_sets, photos_in_s3, s3_env, tmp_path):
+    local = build_loader(spec(converted_sets["photos"]["webdataset"]))
+    remote = build_loader(spec(photos_in_s3, cache_dir=tmp_path / "cache"))
+    assert_same(batches(local), batches(remote))
+    # resumed at batch 2 of epoch 1 by a fresh loader with an empty cache
+    resumed = build_loader(spec(photos_in_s3, cache_dir=tmp_path / "other-cache"))
+    assert_same(batches(local, epoch=1, start=2), batches(resumed, epoch=1, start=2))
+
+
+def test_cache_is_reused_and_bounded(converted_sets, photos_server, tmp_path):
+    url = f"{photos_server.url}/photos_wds"
+    loader = build_loader(spec(url, cache_dir=tmp_path))
+    store = loader.stored.source.store
+    batches(loader, epoch=0)
+    first_epoch = store.requests
+    assert first_epoch > 0
+    batches(loader, epoch=1)
+    assert store.requests == first_epoch       # everything came from the cache
+
+    total = int((loader.stored.block_end - loader.stored.block_start).sum())
+    limit = total // 3
+    small = build_loader(spec(url, cache_dir=tmp_path / "small", cache_limit=limit))
+    local = build_loader(spec(converted_sets["photos"]["webdataset"]))
+    for epoch in (0, 1):
+        assert_same(batches(local, epoch), batches(small, epoch))
+        held = sum(p.stat().st_size for p in (tmp_path / "small").rglob(f"*{BLOCK_SUFFIX}"))
+        assert held <= limit + (1 << 20)     # at most a block past it, the one just fetched
+    assert small.stored.source.store.requests > small.stored.source.cache.fetches / 2 > 0
+
+
+def _one_epoch(url: str, cache_dir: str, out) -> None:
+    loader = build_loader(spec(url, cache_dir=cache_dir))
+    batches(loader)
+    out.put(loader.stored.source.cache.fetches)
+
+
+def test_processes_share_one_cache_without_fetching_a_block_twice(photos_server, tmp_path):
+    """Two processes (the ranks of a node) reading the same epoch at once fetch each block once."""
+    url = f"{photos_server.url}/photos_wds"
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    workers = [context.Process(target=_one_epoch, args=(url, str(tmp_path), out)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    fetches = [out.get(timeout=150) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=30)
+        assert worker.exitcode == 0
+    blocks = len(list(tmp_path.rglob(f"*{BLOCK_SUFFIX}")))
+    assert sum(fetches) == blocks > 1
+    assert not list(tmp_path.rglob("*.tmp-*"))
+
+
+def test_bytes_fetched_are_those_of_the_samples_read(converted_sets, photos_server, tmp_path):
+    """An epoch of rank 0 of 2 fetches its own samples' records and little more: not the other
+    rank's, nor whole shards."""
+    url = f"{photos_server.url}/photos_wds"
+    loader = build_loader(spec(url, cache_dir=tmp_path, rank=0, world_size=2, batch_size=8))
+    batches(loader)
+    ids = np.concatenate(loader._plan)
+    starts, ends = sample_spans(loader.stored.members)
+    read = int((ends[ids] - starts[ids]).sum())
+    fetched = loader.stored.source.store.bytes_read
+    shards_total = int(ends.max())     # the photos sample is one shard
+    assert read <= fetched <= 1.05 * read + 2 * (1 << 20)   # a block at each end of the rank's range
+    assert fetched < shards_total
+
+
+def test_blocks_are_cut_at_sample_boundaries():
+    starts = np.array([0, 100, 600, 700, 2000])
+    ends = np.array([90, 500, 690, 1900, 2100])
+    assert cut_blocks(starts, ends, block_bytes=1000).tolist() == [0, 0, 0, 1, 2]
+    assert cut_blocks(starts, ends, block_bytes=10).tolist() == [0, 1, 2, 3, 4]   # a big sample is a block alone
+
+
+def test_a_prefix_without_manifest_and_a_bad_server_are_one_line_errors(converted_sets, tmp_path):
+    from servers import Nginx
+    served = tmp_path / "served"
+    shutil.copytree(converted_sets["photos"]["webdataset"], served / "half")
+    (served / "half" / "manifest.json").unlink()          # as an interrupted upload leaves it
+    server = Nginx(served, tmp_path / "nginx")
+    try:
+        with pytest.raises(DatasetError) as caught:
+            build_loader(spec(f"http://user:hunter2@127.0.0.1:{server.port}/half", cache_dir=tmp_path / "c"))
+        message = str(caught.value)
+        assert "manifest.json" in message and "not a finished conversion" in message
+        assert "hunter2" not in message and "\n" not in message
+    finally:
+        server.stop()
+    with pytest.raises(RemoteDataError) as caught:       # nothing listens there any more
+        read_converted(f"http://127.0.0.1:{server.port}/half", "train", "webdataset", cache_dir=tmp_path / "c")
+    assert "connection refused" in str(caught.value) and "\n" not in str(caught.value)
