@@ -19,7 +19,7 @@ from pipeline.manifest import MANIFEST, ManifestError, manifest_path, read_manif
 IMAGE_MEMBER, LABEL_MEMBER = "jpg", "lbl"     # the members of a sample the loaders read
 # The command that makes each format, for the messages that tell a user what to run
 CONVERTERS = {"ffcv": "python tools/convert_ffcv.py", "webdataset": "python tools/convert_wds.py"}
-REMOTE_BACKENDS = ("webdataset",)      # the backends that read a dataset from a URL
+REMOTE_BACKENDS = ("webdataset", "ffcv", "dali")      # the backends that read a dataset from a URL
 
 
 class DatasetError(ValueError):

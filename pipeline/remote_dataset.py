@@ -9,6 +9,9 @@ again under the same URL never meets blocks of its old shards. Where things live
     CACHE_DIR/<dataset>/manifest.json          a copy, for people looking at the cache
     CACHE_DIR/<dataset>/<split>/<shard>.idx    fetched once
     CACHE_DIR/<dataset>/<split>/<shard>.tar.<block>.block   samples, evicted past the limit
+    CACHE_DIR/<dataset>/<split>.beton          an FFCV file, staged whole (pipeline/staged_file.py)
+                                               and checked against the manifest's size and sha256;
+                                               outside the limit, as FFCV needs all of it
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from pipeline.block_cache import BlockCache, parse_size
 from pipeline.datasets import CONVERTERS, ConvertedSplit, DatasetError, RemoteDataError, Shard, member_table, split_record
 from pipeline.manifest import MANIFEST, ManifestError, parse_manifest
 from pipeline.object_store import ObjectStore, RemoteNotFound, open_store
+from pipeline.staged_file import stage_file
 
 DEFAULT_CACHE_LIMIT = "16GiB"
 INDEX_FETCHES = 16        # .idx files fetched at once: a dataset has hundreds, each a round trip
@@ -81,9 +85,19 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
         _fetch_index(store, f"{split}/{Path(shard.index).name}", shard.index)   # raises what a pool fetch met
         shard.members = member_table(shard)
     files = [Path(name) for name in record["files"]]
+    if kind == "ffcv":      # FFCV memory-maps its file: read from a local copy, checked against the manifest
+        files = [_staged_beton(store, record, folder)]
     split_data = ConvertedSplit(folder, kind, split, classes, record["count"], files, shards)
     split_data.remote = RemoteSource(store, cache, dataset)
     return split_data
+
+
+def _staged_beton(store: ObjectStore, record: dict, folder: Path) -> Path:
+    name = record["files"][0]
+    if not isinstance(record.get("sha256"), str) or not isinstance(record.get("bytes"), int):
+        raise DatasetError(f"{store.where(name)}: its manifest records no sha256 to check a copy against "
+                           f"(an older converter); run {CONVERTERS['ffcv']} SRC {store.shown} again")
+    return stage_file(store, name, folder / name, record["bytes"], record["sha256"])
 
 
 def _fetch_index(store: ObjectStore, name: str, local: Path) -> None:

@@ -192,7 +192,7 @@ def served_files(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def nginx_server(served_files, tmp_path_factory):
-    from servers import Nginx
+    from benchmarks.loopback_servers import Nginx
     server = Nginx(served_files, tmp_path_factory.mktemp("nginx"))
     yield server
     server.stop()
@@ -204,7 +204,7 @@ def moto_s3(served_files):
     import boto3   # obstore has no bucket creation; boto3 comes with moto
     import obstore
     from obstore.store import S3Store
-    from servers import MotoS3
+    from benchmarks.loopback_servers import MotoS3
     server = MotoS3()
     boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="testing",
                  aws_secret_access_key="testing").create_bucket(Bucket="photos")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.loopback_servers import free_port  # noqa: F401 (the tests of runs take it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "training" / "main.py"
@@ -30,12 +31,6 @@ def tiny_run(path, backend: str, run_dir: Path, *extra) -> list[str]:
 def main_py(*args, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(MAIN), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TOOLS, run_tool
-from runs import free_port
-from servers import _wait_listening
+
+from benchmarks.loopback_servers import _wait_listening, free_port
 
 KEY_ID, SECRET = "testing", "testing"
 

@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.latency_proxy import LatencyProxy
 from conftest import ROOT
-from servers import free_port
+from benchmarks.loopback_servers import free_port
 
 SHARD = "train/shard-000000.tar"
 

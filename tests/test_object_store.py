@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.datasets import RemoteDataError
 from pipeline.object_store import is_url, merge_ranges, open_store, redact
-from servers import free_port
+from benchmarks.loopback_servers import free_port
 
 SHARD = "train/shard-000000.tar"
 

@@ -20,7 +20,7 @@ from pipeline.remote_shards import cut_blocks, sample_spans
 @pytest.fixture(scope="module")
 def photos_server(converted_sets, tmp_path_factory):
     """nginx serving the converted sets' folder; the photos conversion is at URL/photos_wds."""
-    from servers import Nginx
+    from benchmarks.loopback_servers import Nginx
     server = Nginx(converted_sets["photos"]["webdataset"].parent, tmp_path_factory.mktemp("nginx-photos"))
     yield server
     server.stop()
@@ -154,7 +154,7 @@ def test_blocks_are_cut_at_sample_boundaries():
 
 
 def test_a_prefix_without_manifest_and_a_bad_server_are_one_line_errors(converted_sets, tmp_path):
-    from servers import Nginx
+    from benchmarks.loopback_servers import Nginx
     served = tmp_path / "served"
     shutil.copytree(converted_sets["photos"]["webdataset"], served / "half")
     (served / "half" / "manifest.json").unlink()          # as an interrupted upload leaves it
@@ -170,3 +170,45 @@ def test_a_prefix_without_manifest_and_a_bad_server_are_one_line_errors(converte
     with pytest.raises(RemoteDataError) as caught:       # nothing listens there any more
         read_converted(f"http://127.0.0.1:{server.port}/half", "train", "webdataset", cache_dir=tmp_path / "c")
     assert "connection refused" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_ffcv_from_a_url_reads_a_staged_copy_checked_against_the_manifest(converted_sets, tmp_path):
+    """FFCV memory-maps its file: from a URL it reads a copy staged once into the cache, and
+    its batches are those of the local file."""
+    from benchmarks.loopback_servers import Nginx
+    local = converted_sets["fashion"]["ffcv"]
+    served = tmp_path / "served" / "fashion_ffcv"
+    shutil.copytree(local, served)
+    server = Nginx(served.parent, tmp_path / "nginx")
+    try:
+        options = dict(backend="ffcv", split="val", num_workers=1)
+        expected = batches(build_loader(spec(local, **options)))
+        remote = build_loader(spec(f"{server.url}/fashion_ffcv", cache_dir=tmp_path / "cache", **options))
+        assert_same(expected, batches(remote))
+        staged = list((tmp_path / "cache").rglob("val.beton"))
+        assert len(staged) == 1 and staged[0].read_bytes() == (local / "val.beton").read_bytes()
+        requests = server.requests()
+        build_loader(spec(f"{server.url}/fashion_ffcv", cache_dir=tmp_path / "cache", **options))
+        assert server.requests() - requests == 1          # the manifest, not the file again
+        beton = served / "val.beton"
+        data = bytearray(beton.read_bytes())
+        data[len(data) // 2] ^= 0xFF                    # changed after it was converted
+        beton.write_bytes(bytes(data))
+        with pytest.raises(RemoteDataError) as caught:
+            build_loader(spec(f"{server.url}/fashion_ffcv", cache_dir=tmp_path / "other", **options))
+        assert "sha256" in str(caught.value) and "\n" not in str(caught.value)
+    finally:
+        server.stop()
+
+
+def test_dali_from_a_url_reads_through_the_same_fetcher(converted_sets, photos_server, tmp_path):
+    """DALI from a URL: an external source in the webdataset backend's order. Val (stored order,
+    center crops) gives DALI's local batches bit for bit; train the webdataset plan's labels."""
+    pytest.importorskip("nvidia.dali")
+    url = f"{photos_server.url}/photos_wds"
+    val = dict(backend="dali", split="val", num_workers=1)
+    assert_same(batches(build_loader(spec(converted_sets["photos"]["webdataset"], **val))),
+                batches(build_loader(spec(url, cache_dir=tmp_path, **val))))
+    train = batches(build_loader(spec(url, cache_dir=tmp_path, backend="dali", num_workers=1)), epoch=1)
+    planned = batches(build_loader(spec(url, cache_dir=tmp_path)), epoch=1)
+    assert [labels.tolist() for _, labels in train] == [labels.tolist() for _, labels in planned]

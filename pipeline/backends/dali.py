@@ -1,5 +1,6 @@
 """The `dali` backend: an NVIDIA DALI pipeline over raw ImageNet-layout folders
-(`readers.file`) or the WebDataset shards (`readers.webdataset`).
+(`readers.file`) or the WebDataset shards (`readers.webdataset`; from a URL, an external
+source fed by `pipeline/remote_shards.py` in the webdataset backend's order).
 
 With CUDA, JPEGs are decoded by `decoders.image_random_crop(device='mixed')` (nvJPEG,
 with `hw_decoder_load` sending part of the work to the hardware JPEG decoder where there is
@@ -25,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import re
 
+import numpy as np
 import torch
 from nvidia.dali import fn, math as dali_math, pipeline_def, types
 from nvidia.dali.auto_aug import rand_augment
@@ -32,7 +34,9 @@ from nvidia.dali.auto_aug import rand_augment
 from pipeline.base import Loader
 from pipeline.crops import RANDOM_CROP_ATTEMPTS, sample_seed
 from pipeline.datasets import DatasetError, is_converted, read_converted, read_folder
+from pipeline.object_store import is_url
 from pipeline.randaugment import SEVERITY_BINS
+from pipeline.remote_shards import RemoteShards
 from pipeline.sharding import rank_batches, rank_range, rank_samples
 from pipeline.spec import LoaderSpec
 
@@ -44,7 +48,13 @@ PREFETCH_DEPTH = 2
 
 class DALILoader(Loader):
     def __init__(self, spec: LoaderSpec):
-        if is_converted(spec.path):
+        self.remote = None
+        if is_url(spec.path):       # a webdataset conversion at a URL, read through the node's block cache
+            self.shards = read_converted(spec.path, spec.split, "webdataset", cache_dir=spec.cache_dir,
+                                         cache_limit=spec.cache_limit)
+            self.remote = RemoteShards(self.shards.shards, self.shards.remote)
+            classes, self.files, self.count = self.shards.classes, None, self.shards.count
+        elif is_converted(spec.path):
             self.shards = read_converted(spec.path, spec.split, "webdataset")
             classes, self.files, self.count = self.shards.classes, None, self.shards.count
         else:
@@ -106,6 +116,9 @@ class DALILoader(Loader):
             ids = rank_samples(self.count, epoch, spec.seed, spec.rank, spec.world_size, shuffle=spec.train)
             return fn.readers.file(files=[self.files[i].path for i in ids], labels=[self.files[i].label for i in ids],
                                    random_shuffle=False, pad_last_batch=True, name="reader")
+        if self.remote is not None:
+            return fn.external_source(source=_RemoteBatches(self.remote, self.remote.epoch_batches(spec, epoch)),
+                                      num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32])
         shard_id = (spec.rank + epoch) % spec.world_size if spec.train else spec.rank
         return fn.readers.webdataset(
             paths=[str(shard.tar) for shard in self.shards.shards],
@@ -113,6 +126,27 @@ class DALILoader(Loader):
             ext=["jpg", "lbl"], dtypes=[types.UINT8, types.INT32], missing_component_behavior="error",
             shard_id=shard_id, num_shards=spec.world_size, stick_to_shard=True, pad_last_batch=True,
             random_shuffle=spec.train, initial_fill=SHUFFLE_FILL, name="reader")
+
+
+class _RemoteBatches:
+    """An external source of one epoch's (JPEG bytes, label) batches, in the webdataset backend's
+    plan, read through `pipeline/remote_shards.py` (which fetches ahead from the first batch on)."""
+
+    def __init__(self, remote: RemoteShards, plan: list):
+        self.remote, self.plan = remote, plan
+
+    def __call__(self, info):
+        if info.iteration >= len(self.plan):
+            raise StopIteration
+        if info.iteration == 0:
+            self.remote.read_ahead(self.plan, 0)
+        self.remote.consumed(info.iteration)
+        jpegs, labels = [], []
+        for sample_id in self.plan[info.iteration].tolist():
+            jpeg, label = self.remote.read(sample_id)
+            jpegs.append(np.frombuffer(jpeg, np.uint8))
+            labels.append(np.array([label], np.int32))
+        return jpegs, labels
 
 
 class _EpochRun:

@@ -119,7 +119,8 @@ class _FixedOrder:
 
 class FFCVLoader(Loader):
     def __init__(self, spec: LoaderSpec):
-        data = read_converted(spec.path, spec.split, "ffcv")
+        # from a URL: a local copy staged into the node's cache
+        data = read_converted(spec.path, spec.split, "ffcv", cache_dir=spec.cache_dir, cache_limit=spec.cache_limit)
         beton = data.files[0]
         try:
             fields = Reader(str(beton)).handlers
