@@ -21,6 +21,7 @@ from pipeline.datasets import RemoteDataError
 SCHEMES = ("s3", "gs", "http", "https")
 # Ranges closer than this are fetched as one request: a request costs far more than a few KiB.
 MERGE_GAP = 64 * 1024
+REQUEST_TIMEOUT_S = 30
 _STATUS = re.compile(r"status(?: code)?:? (\d{3})\b", re.I)
 _SHORT = re.compile(r"Requested \d+\.\.\d+, got \d+\.\.\d+")
 _SECRET_QUERY = re.compile(r"(sig|signature|token|credential|key|secret|password|auth)", re.I)
@@ -93,7 +94,7 @@ def describe_error(error: BaseException) -> str:
 class ObjectStore:
     """A store rooted at a URL's folder; object names are paths relative to it."""
 
-    def __init__(self, url: str, retries: int = 4):
+    def __init__(self, url: str, retries: int = 4, timeout_s: float = REQUEST_TIMEOUT_S):
         from_url = _obstore().store.from_url
         self.url = url.rstrip("/")
         self.shown = redact(self.url)
@@ -103,7 +104,8 @@ class ObjectStore:
         retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=60),
                  "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5),
                              "base": 2}}
-        options = {"timeout": "30s", "connect_timeout": "5s"}
+        # A stalled request is abandoned after timeout_s and retried like a failed one.
+        options = {"timeout": f"{timeout_s:g}s", "connect_timeout": "5s"}
         # Plain http only where the user named it: an http:// URL or an http:// S3 endpoint.
         if scheme == "http" or (scheme == "s3" and _s3_env().get("aws_endpoint", "").startswith("http://")):
             options["allow_http"] = True

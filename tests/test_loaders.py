@@ -379,17 +379,24 @@ def corrupt_one_sample(converted_sets, tmp_path):
 
 
 def test_corrupt_samples_are_skipped_and_counted_or_raised(converted_sets, tmp_path, caplog):
+    from benchmarks.loopback_servers import Nginx
     folder, shards, victim = corrupt_one_sample(converted_sets, tmp_path)
-    for backend, path, name in [("folder", folder, victim.name), ("webdataset", shards, "shard-000000.tar:000000005")]:
-        loader = build_loader(LoaderSpec(backend, path=str(path), split="val", batch_size=16, num_workers=1))
-        with caplog.at_level("WARNING", logger="pipeline"):
-            seen = sum(len(labels) for _, labels in loader)
-        assert (seen, loader.corrupt_in_epoch) == (91, 1), backend
-        assert "skipped 1 undecodable samples" in caplog.text
-        strict = build_loader(LoaderSpec(backend, path=str(path), split="val", batch_size=16, num_workers=1,
-                                         on_corrupt="raise"))
-        from pipeline.datasets import CorruptSample
-        one_line_error(CorruptSample, name, lambda: [None for _ in strict])
+    server = Nginx(tmp_path, tmp_path / "nginx")          # the shards also read from a URL
+    cases = [("folder", folder, victim.name), ("webdataset", shards, "shard-000000.tar:000000005"),
+             ("webdataset", f"{server.url}/shards", "/shards/val/shard-000000.tar:000000005")]
+    try:
+        for backend, path, name in cases:
+            options = dict(split="val", batch_size=16, num_workers=1, cache_dir=str(tmp_path / "cache"))
+            loader = build_loader(LoaderSpec(backend, path=str(path), **options))
+            with caplog.at_level("WARNING", logger="pipeline"):
+                seen = sum(len(labels) for _, labels in loader)
+            assert (seen, loader.corrupt_in_epoch) == (91, 1), path
+            assert "skipped 1 undecodable samples" in caplog.text
+            strict = build_loader(LoaderSpec(backend, path=str(path), on_corrupt="raise", **options))
+            from pipeline.datasets import CorruptSample
+            one_line_error(CorruptSample, name, lambda: [None for _ in strict])
+    finally:
+        server.stop()
     dali = build_loader(LoaderSpec("dali", path=str(folder), split="val", batch_size=16, num_workers=1))
     from pipeline.datasets import DatasetError
     text = one_line_error(DatasetError, "DALI failed while reading the val split", lambda: [None for _ in dali])

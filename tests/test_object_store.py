@@ -201,3 +201,36 @@ def test_a_short_range_response_is_read_again_once(short):
         assert handler.seen == 2
     finally:
         server.shutdown()
+
+
+class StallFirst(http.server.BaseHTTPRequestHandler):
+    """Holds its first request unanswered until released; answers the others at once."""
+    seen = 0
+    release = threading.Event()
+
+    def do_GET(self):
+        type(self).seen += 1
+        if type(self).seen == 1:
+            self.release.wait(60)
+            return
+        body = b"after-a-stall"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_stalled_request_times_out_and_is_retried():
+    from pipeline.object_store import ObjectStore
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StallFirst)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = ObjectStore(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=1)
+        assert store.read("x.bin") == b"after-a-stall"
+        assert StallFirst.seen == 2
+    finally:
+        StallFirst.release.set()
+        server.shutdown()
