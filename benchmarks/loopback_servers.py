@@ -59,7 +59,9 @@ http {{
 
 class MotoS3:
     def __init__(self):
+        import logging
         from moto.server import ThreadedMotoServer
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)    # a line per request otherwise
         self.port = free_port()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port)
         self.server.start()
