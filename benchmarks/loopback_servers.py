@@ -30,8 +30,8 @@ def _wait_listening(port: int, process: subprocess.Popen) -> None:
 
 
 class Nginx:
-    def __init__(self, root: Path, prefix: Path):
-        self.port = free_port()
+    def __init__(self, root: Path, prefix: Path, port: int | None = None):
+        self.port = port or free_port()      # a port of its own, or that of a server stopped before
         prefix.mkdir(parents=True, exist_ok=True)
         self.access_log = prefix / "access.log"
         conf = prefix / "nginx.conf"

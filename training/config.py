@@ -43,7 +43,7 @@ class DataConfig:
     synthetic_size: int = 10_000          # synthetic only
     measured_results: str = ""            # auto: the folder of per-machine loader figures ('': probe)
     cache_dir: str = ""                   # path is a URL: the node's cache ('': ~/.cache/fastpipe/datasets)
-    cache_limit: str = "16GiB"            # the cache's size; past it, the least recently used blocks go
+    cache_limit: Union[int, str] = "16GiB"   # bytes, or a size such as "500GiB"; past it, the least recently used blocks go
 
     def loader_spec(self, split: str, **placement) -> LoaderSpec:
         batch_size = self.batch_size if split == "train" else (self.val_batch_size or self.batch_size)

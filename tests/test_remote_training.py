@@ -1,0 +1,96 @@
+"""Training from a URL through a server outage: the run ends with one line and exit 1, its
+checkpoints intact, and `resume=auto` once the server is back ends exactly where a run that
+never met the outage ends (the batches read from a URL are those of local disk). Bad URLs are
+one line and exit 2 before training, credentials never shown."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.loopback_servers import Nginx, free_port
+from runs import MAIN, RECIPE, ROOT, assert_ends_alike, main_py, tiny_run, wait_until
+
+EPOCHS, STEPS_PER_EPOCH = 4, 15          # the fashion sample's 120 train images, batch 8, one process
+# Every block fetched again at each use: the outage is met whenever it starts.
+OUTAGE_RUN = [f"max_duration={EPOCHS}ep", "deterministic=true", "checkpoint.interval=5ba", "checkpoint.keep=3",
+              "data.cache_limit=1"]
+
+
+def command(path, run_dir, *extra) -> list[str]:
+    return [sys.executable, str(MAIN), "--config", str(RECIPE), *tiny_run(path, "webdataset", run_dir, *extra)]
+
+
+@pytest.mark.timeout(300)
+def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupted(converted_sets, tmp_path):
+    local = converted_sets["fashion"]["webdataset"]
+    reference = tmp_path / "reference"
+    done = subprocess.run(command(local, reference, *OUTAGE_RUN), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    port, run_dir = free_port(), tmp_path / "remote"
+    url = f"http://127.0.0.1:{port}/{local.name}"
+    remote = command(url, run_dir, *OUTAGE_RUN, f"data.cache_dir={tmp_path / 'cache'}")
+    server = Nginx(local.parent, tmp_path / "nginx", port=port)
+    process = subprocess.Popen(remote, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        wait_until((run_dir / "checkpoints" / "ep1-ba20.pt").exists, process, "checkpoint ep1-ba20.pt")
+    finally:
+        server.stop()                                         # the outage, mid-epoch 2 or later
+    stderr = process.communicate(timeout=200)[1]
+    assert process.returncode == 1, stderr[-3000:]
+    error = stderr.strip().splitlines()[-1]
+    assert error.startswith("error: rank 0: ") and url in error and "resume=auto" in error
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+    assert checkpoints and not (run_dir / "summary.json").exists()
+    for checkpoint in checkpoints:
+        torch.load(checkpoint, weights_only=True)             # whole: written atomically before the outage
+
+    server = Nginx(local.parent, tmp_path / "nginx", port=port)   # back, where it was
+    try:
+        resumed = subprocess.run(remote, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    finally:
+        server.stop()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    assert_ends_alike(reference, run_dir, EPOCHS * STEPS_PER_EPOCH)
+
+
+@pytest.mark.parametrize("problem", ["connection refused", "no manifest", "credentials in the URL"])
+def test_a_bad_url_is_one_line_and_exit_2_before_training(converted_sets, tmp_path, problem):
+    local = converted_sets["fashion"]["webdataset"]
+    server = Nginx(local.parent, tmp_path / "nginx")
+    url = {"connection refused": f"http://127.0.0.1:{free_port()}/{local.name}",
+           "no manifest": f"{server.url}/no-such-dataset",
+           "credentials in the URL": f"http://alice:hunter2@127.0.0.1:{server.port}/no-such-dataset"}[problem]
+    try:
+        result = main_py("--config", RECIPE, *tiny_run(url, "webdataset", tmp_path / "run", "max_duration=1ep"))
+    finally:
+        server.stop()
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert {"connection refused": "connection refused", "no manifest": "not a finished conversion",
+            "credentials in the URL": "***@127.0.0.1"}[problem] in lines[0]
+    written = [path.read_text(errors="replace") for path in (tmp_path / "run").rglob("*") if path.is_file()]
+    assert all("hunter2" not in text for text in [result.stdout, result.stderr, *written])
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.timeout(240)
+def test_config_yaml_shows_a_url_with_credentials_redacted(converted_sets, tmp_path):
+    local = converted_sets["fashion"]["webdataset"]
+    server = Nginx(local.parent, tmp_path / "nginx")
+    url = f"http://alice:hunter2@127.0.0.1:{server.port}/{local.name}"
+    try:
+        result = main_py("--config", RECIPE, *tiny_run(url, "webdataset", tmp_path / "run", "max_duration=1ep",
+                                                        f"data.cache_dir={tmp_path / 'cache'}"), timeout=200)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "***@127.0.0.1" in (tmp_path / "run" / "config.yaml").read_text()
+    written = [path.read_text(errors="replace") for path in (tmp_path / "run").rglob("*")
+               if path.is_file() and path.suffix != ".pt"]
+    assert all("hunter2" not in text for text in [result.stdout, result.stderr, *written])
