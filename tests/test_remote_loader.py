@@ -158,8 +158,14 @@ def test_a_prefix_without_manifest_and_a_bad_server_are_one_line_errors(converte
     served = tmp_path / "served"
     shutil.copytree(converted_sets["photos"]["webdataset"], served / "half")
     (served / "half" / "manifest.json").unlink()          # as an interrupted upload leaves it
+    shutil.copytree(converted_sets["photos"]["webdataset"], served / "scrambled")
+    (served / "scrambled" / "manifest.json").write_text("{" + "x" * 100_000)
     server = Nginx(served, tmp_path / "nginx")
     try:
+        with pytest.raises(DatasetError) as caught:
+            build_loader(spec(f"{server.url}/scrambled", cache_dir=tmp_path / "c"))
+        message = str(caught.value)
+        assert f"{server.url}/scrambled/manifest.json: not valid JSON" in message and len(message) < 400
         with pytest.raises(DatasetError) as caught:
             build_loader(spec(f"http://user:hunter2@127.0.0.1:{server.port}/half", cache_dir=tmp_path / "c"))
         message = str(caught.value)
