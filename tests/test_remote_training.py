@@ -1,7 +1,7 @@
 """Training from a URL through a server outage: the run ends with one line and exit 1, its
 checkpoints intact, and `resume=auto` once the server is back ends exactly where a run that
 never met the outage ends (the batches read from a URL are those of local disk). Bad URLs are
-one line and exit 2 before training, credentials never shown."""
+one line and exit 2 before training; credentials in a URL are never shown or written."""
 from __future__ import annotations
 
 import subprocess
@@ -31,7 +31,7 @@ def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupt
     assert done.returncode == 0, done.stderr[-3000:]
 
     port, run_dir = free_port(), tmp_path / "remote"
-    url = f"http://127.0.0.1:{port}/{local.name}"
+    url = f"http://alice:hunter2@127.0.0.1:{port}/{local.name}"    # nginx ignores the credentials
     remote = command(url, run_dir, *OUTAGE_RUN, f"data.cache_dir={tmp_path / 'cache'}")
     server = Nginx(local.parent, tmp_path / "nginx", port=port)
     process = subprocess.Popen(remote, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -42,7 +42,8 @@ def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupt
     stderr = process.communicate(timeout=200)[1]
     assert process.returncode == 1, stderr[-3000:]
     error = stderr.strip().splitlines()[-1]
-    assert error.startswith("error: rank 0: ") and url in error and "resume=auto" in error
+    assert error.startswith("error: rank 0: http://***@127.0.0.1") and "resume=auto" in error
+    assert "***@127.0.0.1" in (run_dir / "config.yaml").read_text()
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
     assert checkpoints and not (run_dir / "summary.json").exists()
     for checkpoint in checkpoints:
@@ -55,6 +56,8 @@ def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupt
         server.stop()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
+    written = [path.read_text(errors="replace") for path in run_dir.rglob("*") if path.is_file() and path.suffix != ".pt"]
+    assert all("hunter2" not in text for text in [stderr, resumed.stdout, resumed.stderr, *written])
     assert_ends_alike(reference, run_dir, EPOCHS * STEPS_PER_EPOCH)
 
 
@@ -77,20 +80,3 @@ def test_a_bad_url_is_one_line_and_exit_2_before_training(converted_sets, tmp_pa
     written = [path.read_text(errors="replace") for path in (tmp_path / "run").rglob("*") if path.is_file()]
     assert all("hunter2" not in text for text in [result.stdout, result.stderr, *written])
     assert not (tmp_path / "run" / "checkpoints").exists()
-
-
-@pytest.mark.timeout(240)
-def test_config_yaml_shows_a_url_with_credentials_redacted(converted_sets, tmp_path):
-    local = converted_sets["fashion"]["webdataset"]
-    server = Nginx(local.parent, tmp_path / "nginx")
-    url = f"http://alice:hunter2@127.0.0.1:{server.port}/{local.name}"
-    try:
-        result = main_py("--config", RECIPE, *tiny_run(url, "webdataset", tmp_path / "run", "max_duration=1ep",
-                                                        f"data.cache_dir={tmp_path / 'cache'}"), timeout=200)
-    finally:
-        server.stop()
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "***@127.0.0.1" in (tmp_path / "run" / "config.yaml").read_text()
-    written = [path.read_text(errors="replace") for path in (tmp_path / "run").rglob("*")
-               if path.is_file() and path.suffix != ".pt"]
-    assert all("hunter2" not in text for text in [result.stdout, result.stderr, *written])
