@@ -17,7 +17,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_listening(port: int, process: subprocess.Popen) -> None:
+def wait_listening(port: int, process: subprocess.Popen) -> None:
     for _ in range(500):
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}")
@@ -46,7 +46,7 @@ http {{
   server {{ listen 127.0.0.1:{self.port}; root {root}; location /denied/ {{ deny all; }} }}
 }}""")
         self.process = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(prefix)])
-        _wait_listening(self.port, self.process)
+        wait_listening(self.port, self.process)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def requests(self) -> int:

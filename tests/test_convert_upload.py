@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.loopback_servers import free_port, wait_listening
 from conftest import TOOLS, run_tool
-
-from benchmarks.loopback_servers import _wait_listening, free_port
 
 KEY_ID, SECRET = "testing", "testing"
 
@@ -200,7 +199,7 @@ def test_refused_credentials_are_a_one_line_error_without_the_secret(sample_sets
                               env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_listening(port, server)
+        wait_listening(port, server)
         for name, value in (("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}"), ("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE"),
                             ("AWS_SECRET_ACCESS_KEY", "s3cr3t-never-shown"), ("AWS_REGION", "us-east-1")):
             monkeypatch.setenv(name, value)

@@ -129,6 +129,13 @@ def test_s3_missing_credentials(moto_s3, monkeypatch):
     assert "s3://photos/wds/manifest.json" in text and "no credentials found" in text
 
 
+def answer(handler: http.server.BaseHTTPRequestHandler, body: bytes) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class FailingFirst(http.server.BaseHTTPRequestHandler):
     """Answers 503 to the first `failures` requests, then the payload."""
     failures = 2
@@ -141,11 +148,7 @@ class FailingFirst(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        body = b"payload-bytes"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        answer(self, b"payload-bytes")
 
     def log_message(self, *args):
         pass
@@ -213,11 +216,7 @@ class StallFirst(http.server.BaseHTTPRequestHandler):
         if type(self).seen == 1:
             self.release.wait(60)
             return
-        body = b"after-a-stall"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        answer(self, b"after-a-stall")
 
     def log_message(self, *args):
         pass
