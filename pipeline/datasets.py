@@ -137,7 +137,8 @@ def split_size(path: str | Path, split: str, backend: str) -> int:
     from pipeline.object_store import is_url
     if is_url(path):
         from pipeline.remote_dataset import remote_manifest
-        return split_record(remote_manifest(str(path))[0], str(path), split, backend)[2]["count"]
+        manifest, _, store = remote_manifest(str(path))
+        return split_record(manifest, store.shown, split, backend if backend in CONVERTERS else None)[2]["count"]
     if backend in CONVERTERS:
         return _manifest_split(Path(path), split, expected_format=backend)[2]["count"]
     if is_converted(path):

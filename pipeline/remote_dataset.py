@@ -78,11 +78,11 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
                             first, object_name=f"{split}/{entry['tar']}"))
         first += entry["count"]
     with ThreadPoolExecutor(INDEX_FETCHES) as pool:
-        for shard, entry in zip(shards, record.get("shards", [])):
-            pool.submit(_fetch_index, store, f"{split}/{entry['index']}", shard.index)
-        pool.shutdown(wait=True)
+        fetches = [pool.submit(_fetch_index, store, f"{split}/{entry['index']}", shard.index)
+                   for shard, entry in zip(shards, record.get("shards", []))]
+        for fetch in fetches:
+            fetch.result()               # the first failure, as its one line
     for shard in shards:
-        _fetch_index(store, f"{split}/{Path(shard.index).name}", shard.index)   # raises what a pool fetch met
         shard.members = member_table(shard)
     files = [Path(name) for name in record["files"]]
     if kind == "ffcv":      # FFCV memory-maps its file: read from a local copy, checked against the manifest

@@ -218,3 +218,13 @@ def test_dali_from_a_url_reads_through_the_same_fetcher(converted_sets, photos_s
     train = batches(build_loader(spec(url, cache_dir=tmp_path, backend="dali", num_workers=1)), epoch=1)
     planned = batches(build_loader(spec(url, cache_dir=tmp_path)), epoch=1)
     assert [labels.tolist() for _, labels in train] == [labels.tolist() for _, labels in planned]
+
+
+def test_the_epoch_length_is_known_from_a_url_before_the_loader_is_built(photos_server):
+    from pipeline import batches_per_epoch
+    url = f"{photos_server.url}/photos_wds"
+    for backend in ("webdataset", "dali"):
+        assert batches_per_epoch(spec(url, backend=backend)) == len(build_loader(spec(url, backend="webdataset")))
+    with pytest.raises(DatasetError) as caught:
+        batches_per_epoch(spec(f"http://bob:hunter2@127.0.0.1:{photos_server.port}/photos_wds", backend="ffcv"))
+    assert "hunter2" not in str(caught.value) and "***@" in str(caught.value)
