@@ -76,7 +76,7 @@ def describe_error(error: BaseException) -> str:
     if isinstance(error, (errors.NotFoundError, FileNotFoundError)) or code == 404:
         return "not found (404)"
     if isinstance(error, (errors.PermissionDeniedError, errors.UnauthenticatedError)) or code in (401, 403):
-        return f"access denied ({code or 403}): check the credentials (AWS_* variables) and the bucket's policy"
+        return f"access denied ({code or 403}): check the credentials (the AWS_* or GOOGLE_* variables) and the bucket's policy"
     if code is not None:
         return f"the server answered {code} after retries"
     if "connection refused" in low:
