@@ -62,9 +62,9 @@ def merge_ranges(ranges: list[tuple[int, int]], gap: int = MERGE_GAP) -> list[tu
     return [(start, end) for start, end in merged]
 
 
-def describe_error(error: BaseException) -> str:
+def describe_error(error: BaseException, scheme: str = "s3") -> str:
     """What happened, in words a user acts on, from an obstore exception (whose text carries
-    a multi-line debug dump that is never shown)."""
+    a multi-line debug dump that is never shown) met reading a `scheme` URL."""
     from obstore import exceptions as errors
     text = str(error)
     low = text.lower()
@@ -76,6 +76,8 @@ def describe_error(error: BaseException) -> str:
     if isinstance(error, (errors.NotFoundError, FileNotFoundError)) or code == 404:
         return "not found (404)"
     if isinstance(error, (errors.PermissionDeniedError, errors.UnauthenticatedError)) or code in (401, 403):
+        if scheme in ("http", "https"):
+            return f"access denied ({code or 403}) by the server: its access rules, or a signed URL's expiry"
         return f"access denied ({code or 403}): check the credentials (the AWS_* or GOOGLE_* variables) and the bucket's policy"
     if code is not None:
         return f"the server answered {code} after retries"
@@ -174,7 +176,7 @@ class ObjectStore:
 
 
 def _error(where: str, error: BaseException) -> RemoteDataError:
-    what = describe_error(error)
+    what = describe_error(error, urlsplit(where).scheme.lower())
     return (RemoteNotFound if what.startswith("not found") else RemoteDataError)(f"{where}: {what}")
 
 

@@ -1,0 +1,50 @@
+"""Faults of a server that still answers, met by `training/main.py` while it builds a run from a
+URL (a server that stops answering mid-run is tests/test_remote_training.py's): a refusal (403)
+or a missing shard index is one line and exit 2, with nothing written and no credentials shown."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from benchmarks.loopback_servers import Nginx
+from runs import RECIPE, main_py, tiny_run
+
+
+def served_copy(conversion, root, under: str = ""):
+    """A copy of the conversion under nginx's root (at `under`), for the test to take files from."""
+    copy = root / under / conversion.name
+    shutil.copytree(conversion, copy)
+    return copy
+
+
+@pytest.mark.timeout(120)      # with the conversions made first, when run alone
+@pytest.mark.parametrize("problem", ["refused (403)", "a shard index missing"])
+def test_a_server_refusing_or_missing_a_file_while_the_run_is_built_is_one_line_and_exit_2(
+        converted_sets, tmp_path, problem):
+    local = converted_sets["fashion"]["webdataset"]
+    if problem == "refused (403)":
+        copy = served_copy(local, tmp_path / "served", "denied")      # nginx's `deny all;` location
+        missing = copy / "manifest.json"
+    else:
+        copy = served_copy(local, tmp_path / "served")
+        missing = sorted((copy / "train").glob("*.idx"))[0]
+        missing.unlink()
+    server = Nginx(tmp_path / "served", tmp_path / "nginx")
+    path = copy.relative_to(tmp_path / "served").as_posix()
+    run_dir = tmp_path / "run"
+    try:
+        result = main_py("--config", RECIPE, *tiny_run(f"http://alice:hunter2@127.0.0.1:{server.port}/{path}",
+                                                      "webdataset", run_dir, "max_duration=1ep",
+                                                      f"data.cache_dir={tmp_path / 'cache'}"))
+    finally:
+        server.stop()
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stdout, result.stderr[-3000:]
+    what = {"refused (403)": "access denied (403)", "a shard index missing": "not found (404)"}[problem]
+    where = f"http://***@127.0.0.1:{server.port}/{missing.relative_to(tmp_path / 'served').as_posix()}"
+    assert lines[0].startswith(f"error: {where}: {what}"), lines[0]
+    written = [p.read_text(errors="replace") for p in tmp_path.joinpath("cache").rglob("*") if p.is_file()]
+    assert all("hunter2" not in text for text in [result.stdout, result.stderr, *written])
+    assert not (run_dir / "checkpoints").exists()
