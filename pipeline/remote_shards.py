@@ -74,7 +74,7 @@ class RemoteShards(StoredShards):
         shard = self.shards[int(self.block_shard[block])]
         return f"{self.source.dataset}/{shard.object_name}.{block}"
 
-    def fetch(self, block: int) -> bytes:
+    def fetch(self, block: int) -> memoryview:
         shard = self.shards[int(self.block_shard[block])]
         start, end = int(self.block_start[block]), int(self.block_end[block])
         data = self.source.store.read_ranges(shard.object_name, [(start, end)])[0]
