@@ -33,8 +33,8 @@ the hardware JPEG decoder (the other backends ignore it).
 local-disk figure, from the same conversion in object storage or behind HTTP
 (`benchmarks/remote_sources.py`), its cache emptied before every epoch so that each epoch
 streams. Also recorded then: its img/s as a share of local disk's, the bytes and requests
-fetched per epoch against the bytes of the samples read (each sample's record in its shard:
-image, label and their tar headers), and the time from building the loader to its first batch.
+fetched per epoch against the bytes of the samples read (each from its image to its label in
+the shard), and the time from building the loader to its first batch.
 """
 from __future__ import annotations
 
