@@ -71,14 +71,19 @@ class BlockCache:
         stripe = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little") % LOCK_STRIPES
         with open(self.root / ".locks" / f"{stripe:04d}", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if _renew(path):                # fetched by whoever held the lock before us
-                return path
-            data = fetch()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-            with open(tmp, "wb") as out:
-                out.write(data)
-            os.replace(tmp, path)
+            try:
+                if _renew(path):                # fetched by whoever held the lock before us
+                    return path
+                data = fetch()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+                with open(tmp, "wb") as out:
+                    out.write(data)
+                os.replace(tmp, path)
+            finally:
+                # Unlocked explicitly, not by closing: a process forked meanwhile (a DataLoader
+                # starting its workers) holds a copy of this file, and with it the lock, until it exits.
+                fcntl.flock(lock, fcntl.LOCK_UN)
         with self._lock:
             self.fetched_bytes += len(data)
             self.fetches += 1

@@ -69,11 +69,14 @@ def assert_same(expected, actual):
 
 @pytest.mark.parametrize("options", [dict(split="train"), dict(split="val"),
                                      dict(split="train", native_decode=False),
+                                     dict(split="val", native_decode=False, cache_limit=1),
                                      dict(split="train", rank=1, world_size=2, colout=(0.1, 0.1))],
-                         ids=["train-engine", "val-engine", "train-pillow", "rank1of2-colout"])
+                         ids=["train-engine", "val-engine", "train-pillow", "pillow-nothing-kept", "rank1of2-colout"])
 def test_http_batches_equal_local_disk(converted_sets, photos_server, tmp_path, options):
+    """Pillow's path decodes in forked workers, which get the samples' bytes from the main
+    process: with nothing kept in the cache, a worker that fetched would hang."""
     local = converted_sets["photos"]["webdataset"]
-    expected = batches(build_loader(spec(local, **options)), epoch=1)
+    expected = batches(build_loader(spec(local, **{k: v for k, v in options.items() if k != "cache_limit"})), epoch=1)
     remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=tmp_path, **options))
     assert_same(expected, batches(remote, epoch=1))
 

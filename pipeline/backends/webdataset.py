@@ -18,7 +18,7 @@ from pipeline.loader_workers import BatchKeys, torch_dataloader
 from pipeline.shard_engine_batches import EngineBatches
 from pipeline.remote_shards import RemoteShards
 from pipeline.shard_index import StoredShards
-from pipeline.shard_worker_batches import WorkerBatches
+from pipeline.shard_worker_batches import KeysWithSamples, WorkerBatches
 from pipeline.spec import LoaderSpec
 
 
@@ -65,7 +65,10 @@ class WebDatasetLoader(Loader):
         if self.engine is not None:
             batches = self.engine.batches(self._plan, epoch, self.side, start)
         else:
-            self._sampler.keys, self._sampler.start = [(epoch, self.side, ids) for ids in self._plan], start
+            keys = [(epoch, self.side, ids) for ids in self._plan]
+            if isinstance(self.stored, RemoteShards):
+                keys = KeysWithSamples(self.stored, keys)
+            self._sampler.keys, self._sampler.start = keys, start
             batches = ((index, *batch) for index, batch in enumerate(self.dataloader, start))
         for index, images, labels, errors in batches:
             self.stored.consumed(index)
