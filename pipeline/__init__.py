@@ -49,14 +49,18 @@ def build_loader(spec: LoaderSpec):
     return getattr(module, class_name)(spec)
 
 
-def batches_per_epoch(spec: LoaderSpec) -> int:
-    """The batches an epoch of `spec`'s loader gives on its rank, known before the loader is
-    built (the same for every epoch and backend): from the split's size, which a converted
-    split's manifest holds and a folder's scan counts."""
+def split_samples(spec: LoaderSpec) -> int:
+    """The samples of `spec`'s split over all ranks, known before a loader is built: a converted
+    split's manifest holds it, a folder's scan counts it."""
     if spec.backend == "synthetic":
-        return rank_batches(spec.synthetic_size, spec)
+        return spec.synthetic_size
     require_directory(spec.path, spec.backend)
-    return rank_batches(split_size(spec.path, spec.split, spec.backend), spec)
+    return split_size(spec.path, spec.split, spec.backend)
 
 
-__all__ = ["BACKENDS", "LoaderSpec", "batches_per_epoch", "build_loader"]
+def batches_per_epoch(spec: LoaderSpec) -> int:
+    """The batches an epoch of `spec`'s loader gives on its rank (the same for every epoch and backend)."""
+    return rank_batches(split_samples(spec), spec)
+
+
+__all__ = ["BACKENDS", "LoaderSpec", "batches_per_epoch", "build_loader", "split_samples"]

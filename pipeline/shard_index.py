@@ -5,10 +5,14 @@ worker counts and resuming at batch b simply starts there.
 How an epoch is cut up, so that it is exact and resumable while still streaming:
 - the split's shards are concatenated in an order drawn from (seed, epoch), and the
   stream is rotated by a random offset, so ranks see other samples every epoch; val keeps
-  the stored order;
-- each rank takes a contiguous range of that stream (train: `n // world_size` samples each;
-  val: every sample exactly once, as `pipeline.sharding` says), shuffled within a window
-  (train, `pipeline/buffer_shuffle.py`), and cut into batches;
+  the stored order and rank r takes its contiguous range, as `pipeline.sharding` says;
+- train: for a global batch of G samples, the stream's first L*G samples (L = n // G) are
+  cut into G lanes of L consecutive samples; each lane is shuffled within a window of
+  max(1, SHUFFLE_BUFFER // G) samples (`pipeline/buffer_shuffle.py`, seeded by (seed,
+  epoch, lane)), and global step s takes the s-th sample of every lane, the lanes in an order
+  drawn from (seed, epoch). Rank r takes lanes [r*b, (r+1)*b) of that order (b: its batch
+  size). So a global step's samples depend on G alone, never on the world size, and each
+  rank still reads contiguous ranges of the shards, its own: b lanes side by side;
 - each sample is read in one `pread` of its image and label at the offsets the index gives
   (no tar header parsed, nothing unpickled, only the `.jpg` and `.lbl` members).
 """
@@ -27,7 +31,7 @@ from pipeline.datasets import CONVERTERS, DatasetError, SampleName, Shard
 from pipeline.sharding import batch_count, rank_range
 from pipeline.spec import LoaderSpec
 
-SHUFFLE_BUFFER = 1000
+SHUFFLE_BUFFER = 1000       # samples held back for shuffling, over all ranks together
 
 
 def stream_pieces(counts: list[int], lo: int, hi: int, epoch: int, seed: int,
@@ -72,19 +76,45 @@ class StoredShards:
 
     def epoch_batches(self, spec: LoaderSpec, epoch: int) -> list[np.ndarray]:
         """The stored sample ids of each of this rank's batches in this epoch."""
-        lo, hi = rank_range(len(self), spec.rank, spec.world_size, shuffle=spec.train)
-        firsts = np.concatenate([[0], np.cumsum(self.counts)])
-        ids = [np.arange(firsts[s] + begin, firsts[s] + end)
-               for s, begin, end in stream_pieces(self.counts, lo, hi, epoch, spec.seed, spec.train)]
-        ids = np.concatenate(ids) if ids else np.empty(0, np.int64)
         if spec.train:
-            seed = sample_seed(spec.seed + 7919 * spec.rank, epoch, 0)
-            ids = np.fromiter(buffer_shuffle(ids.tolist(), SHUFFLE_BUFFER, seed), np.int64, len(ids))
+            ids = self._train_ids(spec, epoch)
+        else:
+            ids = self._stream(*rank_range(len(self), spec.rank, spec.world_size), epoch, spec.seed, shuffle=False)
         size = spec.batch_size
         return [ids[b * size:(b + 1) * size] for b in range(batch_count(len(ids), size, spec.drop_last))]
 
+    def _stream(self, lo: int, hi: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
+        """The stored sample ids at positions [lo, hi) of the epoch's stream."""
+        firsts = np.concatenate([[0], np.cumsum(self.counts)])
+        ids = [np.arange(firsts[s] + begin, firsts[s] + end)
+               for s, begin, end in stream_pieces(self.counts, lo, hi, epoch, seed, shuffle)]
+        return np.concatenate(ids) if ids else np.empty(0, np.int64)
+
+    def _train_ids(self, spec: LoaderSpec, epoch: int) -> np.ndarray:
+        """This rank's samples of the epoch, step by step: its lanes' s-th samples, then s+1's..."""
+        world, size = spec.world_size, spec.batch_size
+        lanes, length = world * size, len(self) // (world * size)
+        stream = self._stream(0, len(self), epoch, spec.seed, shuffle=True)
+        mine = np.random.default_rng((spec.seed, epoch, 2)).permutation(lanes)[spec.rank * size:(spec.rank + 1) * size]
+        window = max(1, SHUFFLE_BUFFER // lanes)
+        shuffled = np.array([list(buffer_shuffle(stream[lane * length:(lane + 1) * length].tolist(), window,
+                                                 sample_seed(spec.seed, epoch, int(lane)))) for lane in mine],
+                            np.int64).reshape(size, length)
+        ids = shuffled.T.reshape(-1)
+        if not spec.drop_last:        # the samples past the lanes, dealt as evenly as ranks can stay in step
+            rest = stream[lanes * length:]
+            ids = np.concatenate([ids, rest[spec.rank::world][:len(rest) // world]])
+        return ids
+
+    def read_ahead(self, plan: list[np.ndarray], start: int) -> None:
+        """An epoch's plan is about to be read from batch `start` on; a reader that fetches ahead
+        (pipeline/remote_shards.py) starts here."""
+
+    def stop_read_ahead(self) -> None:
+        pass
+
     def consumed(self, batch_index: int) -> None:
-        """Told of each batch handed out; a reader that fetches ahead (pipeline/remote_shards.py) listens."""
+        """Told of each batch handed out; a reader that fetches ahead listens."""
 
     def fd(self, shard_index: int) -> int:
         if self._opened_by != os.getpid():            # a forked worker: the parent's files are not ours to share

@@ -148,15 +148,6 @@ def test_resume_finds_the_named_checkpoint_or_says_in_one_line_why_not(tmp_path)
         assert "\n" not in str(raised.value) and "weights_only=False" not in str(raised.value)
 
 
-def test_a_mid_epoch_checkpoint_resumes_only_on_as_many_ranks():
-    """The loader's position is per rank: mid-epoch, another number of ranks is refused before
-    anything is loaded (between epochs, any number may go on)."""
-    mid_epoch = {"world_size": 2, "counters": {"batch_in_epoch": 4}}
-    with pytest.raises(ConfigError, match=r"^checkpoint ep0-ba4.pt was taken mid-epoch with 2 processes; "
-                                          r"resume it with 2$"):
-        checkpoints.restore(mid_epoch, "ep0-ba4.pt", None, None, None, rank=0, world_size=1)
-
-
 def test_changed_config_keys_are_dotted_and_leave_out_where_the_run_is():
     old = {"optim": {"lr": 0.1, "momentum": 0.9}, "run_dir": "a", "resume": "never", "seed": 1}
     new = {"optim": {"lr": 0.2, "momentum": 0.9}, "run_dir": "b", "resume": "auto", "seed": 1, "compile": True}

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from pipeline.atomic_files import write_bytes_atomic
+from training import data_order
 from training.config import Config, ConfigError
 from training.engine import Engine
 from training.rng import set_rng_state
@@ -29,10 +30,11 @@ _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
 FORMAT = 1
 
 
-def snapshot(state: State, engine: Engine, config: Config, rng_states: list, earlier: dict) -> dict:
-    """Everything a run needs to go on at exactly this step, on as many ranks (`rng_states`: one per
-    rank); `earlier`: what the trainer adds up over sessions (`wall_seconds`, `step_phases`)."""
-    return {"format": FORMAT, "world_size": len(rng_states), "config": to_plain(config),
+def snapshot(state: State, engine: Engine, config: Config, rng_states: list, earlier: dict, data_order: dict) -> dict:
+    """Everything a run needs to go on at exactly this step, on any number of ranks (`rng_states`: one
+    per rank); `earlier`: what the trainer adds up over sessions (`wall_seconds`, `step_phases`);
+    `data_order`: what the order of samples rests on (training/data_order.py)."""
+    return {"format": FORMAT, "world_size": len(rng_states), "config": to_plain(config), "data_order": data_order,
             "counters": state.counters() | earlier, "model": state.model.state_dict(),
             "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
             "scaler": state.scaler.state_dict(), "algorithms": engine.state_dict(),
@@ -40,14 +42,16 @@ def snapshot(state: State, engine: Engine, config: Config, rng_states: list, ear
 
 
 def restore(checkpoint: dict, path: Path, state: State, engine: Engine, config: Config, rank: int,
-            world_size: int) -> tuple[dict, list[str]]:
-    """Put this rank's run back at the checkpoint's step; what the sessions before added up (snapshot's
-    `earlier`; `step_phases` absent in checkpoints from before it), and the config keys changed since.
-    Mid-epoch, the loader's position needs the same number of ranks."""
+            data_order_now: dict) -> tuple[dict, list[str], list[str]]:
+    """Put this rank's run back at the checkpoint's step, at any world size; what the sessions before
+    added up (snapshot's `earlier`), the config keys changed since, and what changed in the order of
+    samples (`data_order.changes`: refused unless `config.resume_allow_changes`, and then the epoch
+    in progress goes on from the same share of it, drawn afresh)."""
     counters, saved_world = checkpoint["counters"], checkpoint["world_size"]
-    if saved_world != world_size and counters["batch_in_epoch"]:
-        raise ConfigError(f"checkpoint {path} was taken mid-epoch with {saved_world} processes; "
-                          f"resume it with {saved_world}")
+    order_changes = data_order.changes(data_order.saved_order(checkpoint), data_order_now)
+    if order_changes and not config.resume_allow_changes:
+        raise ConfigError(f"checkpoint {path}: {'; '.join(order_changes)} since it was taken, so the run cannot "
+                          f"go on with the samples it had left; resume_allow_changes=true goes on anyway")
     state.model.load_state_dict(checkpoint["model"])
     state.optimizer.load_state_dict(checkpoint["optimizer"])
     state.scheduler.load_state_dict(checkpoint["scheduler"])
@@ -56,12 +60,30 @@ def restore(checkpoint: dict, path: Path, state: State, engine: Engine, config: 
     earlier = {key: counters.pop(key) for key in ("wall_seconds", "step_phases") if key in counters}
     counters.setdefault("evaluated_step", counters["step"])   # checkpoints from before the field
     state.load_counters(counters)
+    if order_changes:
+        _same_share_of_epoch(state, checkpoint["counters"]["batch_in_epoch"], checkpoint)
     if state.batch_in_epoch:
-        state.train_loader.load_state_dict(checkpoint["loader"])
+        state.train_loader.load_state_dict({**checkpoint["loader"], "backend": state.train_loader.spec.backend,
+                                            "position": state.batch_in_epoch})
     set_rng_state(checkpoint["rng"][rank % saved_world])
-    return earlier, changed_keys(checkpoint["config"], to_plain(config))
+    return earlier, changed_keys(checkpoint["config"], to_plain(config)), order_changes
 
 
+def _same_share_of_epoch(state: State, saved_batch_in_epoch: int, checkpoint: dict) -> None:
+    """After a change of the order of samples, the counters in this run's steps: the epoch in
+    progress resumes at the same share of its samples, and the LR schedule at the same point."""
+    saved = data_order.saved_order(checkpoint)
+    done = saved_batch_in_epoch * saved["global_batch_size"]
+    batch_in_epoch = min(done // (state.train_loader.spec.batch_size * state.world.size), state.steps_per_epoch)
+    step = state.epoch * state.steps_per_epoch + batch_in_epoch
+    if state.evaluated_step == state.step:
+        state.evaluated_step = step
+    state.batch_in_epoch, state.step = batch_in_epoch, step
+    scheduler = state.scheduler              # a LambdaLR (training/optim.py), set to that point of this run's schedule
+    scheduler.last_epoch = step
+    scheduler._last_lr = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(state.optimizer.param_groups, scheduler._last_lr):
+        group["lr"] = lr
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
     """Dotted config keys whose values differ (where the run is kept, and resume itself, aside)."""
     keys = []

@@ -25,7 +25,8 @@ ModelName = Literal["resnet18", "resnet50", "small_resnet"]
 class DataConfig:
     backend: Backend = "ffcv"
     path: str = ""                        # the converted dataset (ffcv, webdataset) or ImageNet-layout folder
-    batch_size: int = 256                 # per rank, per optimizer step
+    batch_size: int = 256                 # per rank, per optimizer step (when global_batch_size is unset)
+    global_batch_size: Optional[int] = None   # per optimizer step over all ranks; default batch_size x world size
     val_batch_size: Optional[int] = None  # default: batch_size
     resolution: Union[int, dict[str, Any]] = 224   # an int or a schedule (pipeline/schedules.py)
     val_resolution: int = 224
@@ -135,6 +136,9 @@ class Config:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     grad_accum: int = 1                   # micro-batches per optimizer step
     resume: str = "auto"                  # auto (newest valid checkpoint in run_dir), never, or a file
+    # resume despite a changed global batch, backend or dataset (training/data_order.py): the epoch in
+    # progress goes on from the same share of it, its samples no longer exactly those not yet seen
+    resume_allow_changes: bool = False
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -151,6 +155,8 @@ class Config:
         if self.grad_accum < 1 or self.data.batch_size % self.grad_accum:
             raise ValueError(f"grad_accum must be >= 1 and divide data.batch_size ({self.data.batch_size}), "
                              f"got {self.grad_accum}")
+        if self.data.global_batch_size is not None and self.data.global_batch_size < 1:
+            raise ValueError(f"data.global_batch_size must be >= 1, got {self.data.global_batch_size}")
         check_algorithm_names(self.algorithms)
         try:
             self.data.loader_spec("train", device="cpu", rank=0, world_size=1)  # LoaderSpec's own checks

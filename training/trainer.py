@@ -22,10 +22,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from algorithms import clashes
 from algorithms.base import Event, RunPlan, settle_loader_specs
-from pipeline import batches_per_epoch, build_loader
+from pipeline import batches_per_epoch, build_loader, split_samples
 from pipeline.object_store import redact
 from training import distributed as dist
-from training import checkpoints
+from training import checkpoints, data_order
 from training.config import Config, ConfigError
 from training.engine import Engine
 from training.losses import build_loss
@@ -67,12 +67,15 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(config.deterministic)
         torch.backends.cudnn.benchmark = not config.deterministic
+        # The global batch is the run's for life: at another world size each rank takes another share
+        global_batch = data_order.settle_global_batch(config, world.size, self._resume_from and self._resume_from[1])
         placement = dict(device=str(device), rank=world.rank, world_size=world.size, seed=config.seed)
         specs = [config.data.loader_spec(split, **placement) for split in ("train", "val")]
         steps_per_epoch = batches_per_epoch(specs[0])
         if steps_per_epoch == 0:
-            raise ConfigError(f"data.batch_size={config.data.batch_size} x {world.size} ranks is more than the "
-                              f"train split holds: no full batch per epoch")
+            raise ConfigError(f"a global batch of {global_batch['global_batch_size']} samples ({world.size} ranks x "
+                              f"data.batch_size={config.data.batch_size}) is more than the train split holds: "
+                              f"no full batch per epoch")
         # The run's length and the loaders' settings are settled before anything is built, so
         # that each loader is built once, from its final spec. A setting a loader cannot take
         # (e.g. RandAugment in FFCV) is a config error, reported as one.
@@ -83,6 +86,9 @@ class Trainer:
             raise ConfigError(f"config key 'algorithms': {error}") from None
         config.max_duration = plan.max_duration       # as stretched (ScaleSchedule): the run's length
         train_loader, val_loader = build_loader(train_spec), build_loader(val_spec)
+        self.data_order = data_order.record(global_batch, train_loader.spec.backend, split_samples(train_spec),
+                                            train_loader.num_classes)
+        self._resume_changes: dict | None = None     # for metrics.jsonl, once the run directory is ready
         if len(train_loader) != steps_per_epoch:      # the plan's schedules, and every rank's step count, rest on it
             raise ConfigError(f"the {train_spec.backend} loader gives {len(train_loader)} batches an epoch where "
                               f"{steps_per_epoch} were planned: an algorithm changed the batch size or split")
@@ -155,6 +161,8 @@ class Trainer:
         state, config = self.state, self.config
         self._resume()                              # may refuse before anything is written
         self._prepare_run_dir()
+        if self._resume_changes:
+            self.log.metrics(self._resume_changes)
         if self._precision_choice:
             self.log.print(describe(self._precision_choice))
         source = config.data.backend + (f":{redact(config.data.path)}" if config.data.backend != "synthetic" else "")
@@ -340,7 +348,7 @@ class Trainer:
         if self.world.is_main:
             checkpoint = checkpoints.snapshot(state, self.engine, self.config, rng_states,
                                               {"wall_seconds": self._wall_seconds(),
-                                               "step_phases": self.phases.state_dict()})
+                                               "step_phases": self.phases.state_dict()}, self.data_order)
             try:
                 path = self.store.save(checkpoint, state.epoch, state.step)
             except OSError as error:
@@ -394,13 +402,23 @@ class Trainer:
             return
         path, checkpoint = found
         state = self.state
-        earlier, changed = checkpoints.restore(checkpoint, path, state, self.engine, self.config,
-                                               self.world.rank, self.world.size)
+        earlier, changed, order_changes = checkpoints.restore(checkpoint, path, state, self.engine, self.config,
+                                                              self.world.rank, self.data_order)
         self._wall_before = earlier["wall_seconds"]
         if "step_phases" in earlier:
             self.phases.load_state_dict(earlier["step_phases"])
+        saved_world = checkpoint["world_size"]
         self.log.print(f"resumed from {path}: epoch {state.epoch + 1}, step {state.step}"
+                       + (f", on {self.world.size} processes where it had {saved_world}: {self.config.data.batch_size} "
+                          f"samples each of the global batch of {self.config.data.global_batch_size}"
+                          if saved_world != self.world.size else "")
                        + (f" (config keys changed since: {', '.join(changed)})" if changed else ""))
+        if order_changes:
+            if self.world.is_main:
+                log.warning("resumed with %s (resume_allow_changes=true): epoch %d goes on from step %d of %d with "
+                            "samples drawn afresh, not exactly those it had left", "; ".join(order_changes),
+                            state.epoch + 1, state.batch_in_epoch, state.steps_per_epoch)
+            self._resume_changes = {"epoch": state.epoch, "step": state.step, "resume_changes": order_changes}
 
     def _wall_seconds(self) -> float:
         return self._wall_before + time.perf_counter() - self._session_start

@@ -1,6 +1,6 @@
 """The `dali` backend: an NVIDIA DALI pipeline over raw ImageNet-layout folders
-(`readers.file`) or the WebDataset shards (`readers.webdataset`; from a URL, an external
-source fed by `pipeline/remote_shards.py` in the webdataset backend's order).
+(`readers.file`) or the WebDataset shards (an external source reading them in the webdataset
+backend's plan, from local disk or, for a URL, through `pipeline/remote_shards.py`).
 
 With CUDA, JPEGs are decoded by `decoders.image_random_crop(device='mixed')` (nvJPEG,
 with `hw_decoder_load` sending part of the work to the hardware JPEG decoder where there is
@@ -14,9 +14,10 @@ the epoch's resolution as a constant, so a schedule decodes straight to the new 
 an epoch can be replayed exactly. Each pipeline is run exactly once per batch of its epoch,
 and the next epoch's is started during the current one's last batches (`_EpochRun`).
 Folder source: the reader gets this rank's file list for the epoch from `pipeline.sharding`,
-already in order. Shard source: DALI's own sharding (`shard_id`/`num_shards`,
-`pad_last_batch`, the padding dropped here), rotated by one
-shard per epoch in training. Resuming at batch b runs the first b batches again and drops
+already in order. Shard source: the webdataset backend's plan (`pipeline/shard_index.py`), not
+DALI's own `readers.webdataset`, whose sharding gives each global step other samples at each
+world size. Both follow the global steps that make a resume at another world size exact in
+its samples; DALI's crops do not come from the sample ids, so the pixels differ. Resuming at batch b runs the first b batches again and drops
 them: DALI's random crops advance per-position generators, so skipping samples instead
 would change every later augmentation. DALI cannot skip an undecodable sample: the error
 names DALI's message and the dataset.
@@ -37,28 +38,24 @@ from pipeline.datasets import DatasetError, is_converted, read_converted, read_f
 from pipeline.object_store import is_url
 from pipeline.randaugment import SEVERITY_BINS
 from pipeline.remote_shards import RemoteShards
-from pipeline.sharding import rank_batches, rank_range, rank_samples
+from pipeline.shard_index import StoredShards
+from pipeline.sharding import rank_batches, rank_sample_count, rank_samples
 from pipeline.spec import LoaderSpec
 
 # nvJPEG scratch sizes that avoid re-allocations on ImageNet (as in DALI's ResNet-50 example).
 DEVICE_MEMORY_PADDING, HOST_MEMORY_PADDING = 211_025_920, 140_544_512
-SHUFFLE_FILL = 1024
 PREFETCH_DEPTH = 2
 
 
 class DALILoader(Loader):
     def __init__(self, spec: LoaderSpec):
-        self.remote = None
-        if is_url(spec.path):       # a webdataset conversion at a URL, read through the node's block cache
-            self.shards = read_converted(spec.path, spec.split, "webdataset", cache_dir=spec.cache_dir,
-                                         cache_limit=spec.cache_limit)
-            self.remote = RemoteShards(self.shards.shards, self.shards.remote)
-            classes, self.files, self.count = self.shards.classes, None, self.shards.count
-        elif is_converted(spec.path):
-            self.shards = read_converted(spec.path, spec.split, "webdataset")
-            classes, self.files, self.count = self.shards.classes, None, self.shards.count
+        self.stored = None
+        if is_url(spec.path) or is_converted(spec.path):   # a URL's samples come through the node's block cache
+            shards = read_converted(spec.path, spec.split, "webdataset", cache_dir=spec.cache_dir,
+                                    cache_limit=spec.cache_limit)
+            self.stored = RemoteShards(shards.shards, shards.remote) if shards.remote else StoredShards(shards.shards)
+            classes, self.files, self.count = shards.classes, None, shards.count
         else:
-            self.shards = None
             classes, self.files = read_folder(spec.path, spec.split)
             self.count = len(self.files)
         self.cuda = spec.device.startswith("cuda")
@@ -72,14 +69,14 @@ class DALILoader(Loader):
 
     def _batches(self, epoch: int, start: int):
         spec = self.spec
-        lo, hi = rank_range(self.count, spec.rank, spec.world_size, shuffle=spec.train)
+        samples = rank_sample_count(self.count, spec)
         try:
             run = self._take_run(epoch)
             for index, (images, labels) in enumerate(run):
                 if run.all_scheduled and self._ahead is None:
                     self._ahead = (self._run_key(epoch + 1), self._start_run(epoch + 1))
                 if index >= start:
-                    keep = min(spec.batch_size, hi - lo - index * spec.batch_size)   # the reader pads the last batch
+                    keep = min(spec.batch_size, samples - index * spec.batch_size)   # the reader pads the last batch
                     images = self._colout(images[:keep].permute(0, 3, 1, 2), index)
                     yield index, images.to(spec.dtype).contiguous(memory_format=torch.channels_last), \
                         self._to_device_labels(labels[:keep])
@@ -116,34 +113,27 @@ class DALILoader(Loader):
             ids = rank_samples(self.count, epoch, spec.seed, spec.rank, spec.world_size, shuffle=spec.train)
             return fn.readers.file(files=[self.files[i].path for i in ids], labels=[self.files[i].label for i in ids],
                                    random_shuffle=False, pad_last_batch=True, name="reader")
-        if self.remote is not None:
-            return fn.external_source(source=_RemoteBatches(self.remote, self.remote.epoch_batches(spec, epoch)),
-                                      num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32])
-        shard_id = (spec.rank + epoch) % spec.world_size if spec.train else spec.rank
-        return fn.readers.webdataset(
-            paths=[str(shard.tar) for shard in self.shards.shards],
-            index_paths=[str(shard.index) for shard in self.shards.shards],
-            ext=["jpg", "lbl"], dtypes=[types.UINT8, types.INT32], missing_component_behavior="error",
-            shard_id=shard_id, num_shards=spec.world_size, stick_to_shard=True, pad_last_batch=True,
-            random_shuffle=spec.train, initial_fill=SHUFFLE_FILL, name="reader")
+        return fn.external_source(source=_PlannedBatches(self.stored, self.stored.epoch_batches(spec, epoch)),
+                                  num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32])
 
 
-class _RemoteBatches:
+class _PlannedBatches:
     """An external source of one epoch's (JPEG bytes, label) batches, in the webdataset backend's
-    plan, read through `pipeline/remote_shards.py` (which fetches ahead from the first batch on)."""
+    plan, read from the shards (from a URL, `pipeline/remote_shards.py` fetches ahead from the
+    first batch on)."""
 
-    def __init__(self, remote: RemoteShards, plan: list):
-        self.remote, self.plan = remote, plan
+    def __init__(self, stored: StoredShards, plan: list):
+        self.stored, self.plan = stored, plan
 
     def __call__(self, info):
         if info.iteration >= len(self.plan):
             raise StopIteration
         if info.iteration == 0:
-            self.remote.read_ahead(self.plan, 0)
-        self.remote.consumed(info.iteration)
+            self.stored.read_ahead(self.plan, 0)
+        self.stored.consumed(info.iteration)
         jpegs, labels = [], []
         for sample_id in self.plan[info.iteration].tolist():
-            jpeg, label = self.remote.read(sample_id)
+            jpeg, label = self.stored.read(sample_id)
             jpegs.append(np.frombuffer(jpeg, np.uint8))
             labels.append(np.array([label], np.int32))
         return jpegs, labels

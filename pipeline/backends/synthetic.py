@@ -1,5 +1,9 @@
 """The synthetic backend: random normalized images made once on the device, the model-bound
-ceiling every real loader is measured against. It costs nothing per batch but a slice."""
+ceiling every real loader is measured against. It costs nothing per batch but a slice.
+
+Every step's global batch is the same G = batch_size x world_size samples, sample j drawn from
+(seed, j), and rank r holds every world_size-th of them from r, as `pipeline.sharding` deals a
+permutation: so a step's samples do not depend on the world size here either."""
 from __future__ import annotations
 
 import torch
@@ -20,10 +24,13 @@ class SyntheticLoader(Loader):
     def _prepare_epoch(self, epoch: int) -> None:
         height, width = self.resolution
         if self._images is None or self._images.shape[2:] != (height, width):
-            generator = torch.Generator().manual_seed(self.spec.seed + self.spec.rank)
-            images = torch.randn(self.spec.batch_size, 3, height, width, generator=generator)
-            self._images = images.to(self.device, self.spec.dtype).contiguous(memory_format=torch.channels_last)
-            self._labels = torch.randint(self.num_classes, (self.spec.batch_size,), generator=generator).to(self.device)
+            spec, images, labels = self.spec, [], []
+            for sample in range(spec.rank, spec.batch_size * spec.world_size, spec.world_size):
+                generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + sample)
+                images.append(torch.randn(3, height, width, generator=generator))
+                labels.append(torch.randint(self.num_classes, (), generator=generator))
+            self._images = torch.stack(images).to(self.device, spec.dtype).contiguous(memory_format=torch.channels_last)
+            self._labels = torch.stack(labels).to(self.device)
 
     def _batches(self, epoch: int, start: int):
         for index in range(start, len(self)):

@@ -53,13 +53,11 @@ class WebDatasetLoader(Loader):
         return len(self._plan)
 
     def _batches(self, epoch: int, start: int):
-        if isinstance(self.stored, RemoteShards):
-            self.stored.read_ahead(self._plan, start)
+        self.stored.read_ahead(self._plan, start)
         try:
             yield from self._decoded_batches(epoch, start)
         finally:
-            if isinstance(self.stored, RemoteShards):
-                self.stored.stop_read_ahead()
+            self.stored.stop_read_ahead()
 
     def _decoded_batches(self, epoch: int, start: int):
         if self.engine is not None:

@@ -1,0 +1,105 @@
+"""Real torchrun runs stopped mid-epoch and resumed on another number of processes: every global
+step trains on the samples an uninterrupted run's would, each sample of an epoch once. On the
+own-class set (tests/test_global_order.py), labels are sample ids; tests/recorded_run.py writes
+the labels each rank trained on."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from runs import RECIPE, ROOT, TORCHRUN, read_jsonl, tiny_run
+from test_global_order import GLOBAL_BATCH, global_steps, own_class_sets  # noqa: F401 (a fixture)
+
+RECORDED = Path(__file__).with_name("recorded_run.py")
+STEPS_PER_EPOCH = 120 // GLOBAL_BATCH
+COMMON = ["max_duration=2ep", f"data.global_batch_size={GLOBAL_BATCH}", "checkpoint.interval=3ba", "checkpoint.keep=10", "seed=5",
+          "data.resolution=16", "data.val_resolution=16", "log.interval=1"]
+
+
+def launch(world_size: int, data: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [*TORCHRUN, "--standalone", f"--nproc_per_node={world_size}", str(RECORDED), "--config", str(RECIPE),
+            *tiny_run(data, "webdataset", run_dir, *COMMON, *extra)]
+
+
+def stopped_then_resumed(data: Path, run_dir: Path, before: int, after: int) -> int:
+    """A run on `before` processes whose newest checkpoint is mid-way through its second epoch,
+    as a job preempted there leaves it, then resumed on `after`; returns the step it resumed at.
+    (The first part runs to its end and loses what came after that checkpoint, so the stop is at
+    the same step on a loaded machine; tests/test_training_runs.py stops a run with SIGKILL.)"""
+    first = subprocess.run(launch(before, data, run_dir), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    stop = run_dir / "checkpoints" / f"ep1-ba{STEPS_PER_EPOCH + 2}.pt"
+    for later in (path for path in (run_dir / "checkpoints").iterdir() if path.stat().st_mtime > stop.stat().st_mtime):
+        later.unlink()
+    (run_dir / "summary.json").unlink()
+    resumed = subprocess.run(launch(after, data, run_dir), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"on {after} processes where it had {before}" in resumed.stdout
+    return int(re.search(r"resumed from \S+-ba(\d+)\.pt", resumed.stdout)[1])
+
+
+def trained_steps(run_dir: Path, resumed_at: int, before: int) -> dict:
+    """(epoch, step in epoch) -> sorted labels over all ranks, each step from the part of the run
+    that kept it: the first (on `before` processes) up to the checkpoint resumed from, then the
+    resumed one (what the first trained past that checkpoint was lost with it)."""
+    steps = defaultdict(list)
+    for path in run_dir.glob("labels-rank*.jsonl"):
+        for line in read_jsonl(path):
+            first_part = line["epoch"] * STEPS_PER_EPOCH + line["batch"] < resumed_at
+            if first_part == (line["world_size"] == before):
+                steps[(line["epoch"], line["batch"])] += line["labels"]
+    return {step: sorted(labels) for step, labels in steps.items()}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("before, after", [(2, 3), (4, 1)])
+def test_stopped_mid_epoch_and_resumed_on_another_world_size(before, after, own_class_sets, tmp_path):
+    data, run_dir = own_class_sets["webdataset"], tmp_path / "run"
+    resumed_at = stopped_then_resumed(data, run_dir, before, after)
+    assert resumed_at % STEPS_PER_EPOCH, "the checkpoint resumed from is not mid-epoch"
+
+    steps = trained_steps(run_dir, resumed_at, before)
+    expected = {(epoch, batch): labels for epoch in (0, 1)
+                for batch, labels in enumerate(global_steps("webdataset", data, 1, epoch=epoch))}
+    assert steps == expected                        # every step of both epochs, each the uninterrupted run's
+    for epoch in (0, 1):
+        seen = sum((steps[(epoch, batch)] for batch in range(STEPS_PER_EPOCH)), [])
+        assert sorted(seen) == list(range(120))     # each sample of the epoch once
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 * STEPS_PER_EPOCH and summary["world_size"] == after
+    lines = [line["step"] for line in read_jsonl(run_dir / "metrics.jsonl") if "train_loss" in line]
+    assert lines == list(range(1, 2 * STEPS_PER_EPOCH + 1))      # each step's line once, across the resume
+
+
+@pytest.mark.timeout(300)
+def test_a_changed_global_batch_is_refused_unless_allowed(own_class_sets, tmp_path):
+    data, run_dir = own_class_sets["webdataset"], tmp_path / "run"
+    first = subprocess.run([sys.executable, str(RECORDED), "--config", str(RECIPE),
+                            *tiny_run(data, "webdataset", run_dir, *COMMON, "max_duration=13ba")],
+                           capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = run_dir / "checkpoints" / "ep1-ba13.pt"           # the run's end: 3 steps into epoch 1
+    assert saved.exists()
+    changed = [*tiny_run(data, "webdataset", run_dir, *COMMON, "data.global_batch_size=8")]
+    refused = subprocess.run([sys.executable, str(RECORDED), "--config", str(RECIPE), *changed],
+                             capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr[-3000:]
+    assert f"checkpoint {saved}: global batch 12 -> 8 since it was taken" in refused.stderr
+    assert "resume_allow_changes=true" in refused.stderr
+
+    allowed = subprocess.run([sys.executable, str(RECORDED), "--config", str(RECIPE), *changed,
+                              "resume_allow_changes=true"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert "global batch 12 -> 8" in allowed.stderr             # the warning
+    records = [line for line in read_jsonl(run_dir / "metrics.jsonl") if "resume_changes" in line]
+    # 3 of 10 steps of epoch 1 done at 12 a step: 36 samples, 4 steps of 8 in an epoch of 15
+    assert records == [{"epoch": 1, "step": 15 + 4, "resume_changes": ["global batch 12 -> 8"]}]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2 * (120 // 8)
+    shutil.rmtree(run_dir)
