@@ -9,10 +9,10 @@ How an epoch is cut up, so that it is exact and resumable while still streaming:
 - train: for a global batch of G samples, the stream's first L*G samples (L = n // G) are
   cut into G lanes of L consecutive samples; each lane is shuffled within a window of
   max(1, SHUFFLE_BUFFER // G) samples (`pipeline/buffer_shuffle.py`, seeded by (seed,
-  epoch, lane)), and global step s takes the s-th sample of every lane, the lanes in an order
-  drawn from (seed, epoch). Rank r takes lanes [r*b, (r+1)*b) of that order (b: its batch
-  size). So a global step's samples depend on G alone, never on the world size, and each
-  rank still reads contiguous ranges of the shards, its own: b lanes side by side;
+  epoch, lane)), and global step s takes the s-th sample of every lane. Rank r takes lanes
+  [r*b, (r+1)*b) (b: its batch size), in a shuffled order within its batches. So a global
+  step's samples depend on G alone, never on the world size, and each rank still reads one
+  contiguous part of the stream, its own, as b runs of samples side by side;
 - each sample is read in one `pread` of its image and label at the offsets the index gives
   (no tar header parsed, nothing unpickled, only the `.jpg` and `.lbl` members).
 """
@@ -92,18 +92,20 @@ class StoredShards:
 
     def _train_ids(self, spec: LoaderSpec, epoch: int) -> np.ndarray:
         """This rank's samples of the epoch, step by step: its lanes' s-th samples, then s+1's..."""
-        world, size = spec.world_size, spec.batch_size
+        world, size, rank = spec.world_size, spec.batch_size, spec.rank
         lanes, length = world * size, len(self) // (world * size)
-        stream = self._stream(0, len(self), epoch, spec.seed, shuffle=True)
-        mine = np.random.default_rng((spec.seed, epoch, 2)).permutation(lanes)[spec.rank * size:(spec.rank + 1) * size]
+        # A rank's lanes are neighbours, so it reads one contiguous part of the stream; in its batches they
+        # come in a shuffled order, so that consecutive samples are not neighbours in the stream
+        part = self._stream(rank * size * length, (rank + 1) * size * length, epoch, spec.seed, shuffle=True)
         window = max(1, SHUFFLE_BUFFER // lanes)
-        shuffled = np.array([list(buffer_shuffle(stream[lane * length:(lane + 1) * length].tolist(), window,
-                                                 sample_seed(spec.seed, epoch, int(lane)))) for lane in mine],
-                            np.int64).reshape(size, length)
-        ids = shuffled.T.reshape(-1)
+        shuffled = np.array([list(buffer_shuffle(part[lane * length:(lane + 1) * length].tolist(), window,
+                                                 sample_seed(spec.seed, epoch, rank * size + lane)))
+                             for lane in range(size)], np.int64).reshape(size, length)
+        order = np.random.default_rng((spec.seed, epoch, 2, rank)).permutation(size)
+        ids = shuffled[order].T.reshape(-1)
         if not spec.drop_last:        # the samples past the lanes, dealt as evenly as ranks can stay in step
-            rest = stream[lanes * length:]
-            ids = np.concatenate([ids, rest[spec.rank::world][:len(rest) // world]])
+            rest = self._stream(lanes * length, len(self), epoch, spec.seed, shuffle=True)
+            ids = np.concatenate([ids, rest[rank::world][:len(rest) // world]])
         return ids
 
     def read_ahead(self, plan: list[np.ndarray], start: int) -> None:
