@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -120,19 +121,31 @@ class DALILoader(Loader):
 class _PlannedBatches:
     """An external source of one epoch's (JPEG bytes, label) batches, in the webdataset backend's
     plan, read from the shards (from a URL, `pipeline/remote_shards.py` fetches ahead from the
-    first batch on)."""
+    first batch on). Each batch's bytes are read in a thread while DALI works on the one before:
+    DALI calls a source from the thread that schedules its runs, the training loop's."""
 
     def __init__(self, stored: StoredShards, plan: list):
         self.stored, self.plan = stored, plan
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="dali-source")
+        self._next: tuple[int, Future] | None = None
 
     def __call__(self, info):
-        if info.iteration >= len(self.plan):
+        index = info.iteration
+        if index >= len(self.plan):
+            self._reader.shutdown(wait=False)
             raise StopIteration
-        if info.iteration == 0:
+        if index == 0:
             self.stored.read_ahead(self.plan, 0)
-        self.stored.consumed(info.iteration)
+        self.stored.consumed(index)
+        ahead, self._next = self._next, None
+        batch = ahead[1].result() if ahead and ahead[0] == index else self._read(index)
+        if index + 1 < len(self.plan):
+            self._next = index + 1, self._reader.submit(self._read, index + 1)
+        return batch
+
+    def _read(self, index: int):
         jpegs, labels = [], []
-        for sample_id in self.plan[info.iteration].tolist():
+        for sample_id in self.plan[index].tolist():
             jpeg, label = self.stored.read(sample_id)
             jpegs.append(np.frombuffer(jpeg, np.uint8))
             labels.append(np.array([label], np.int32))
