@@ -54,7 +54,8 @@ def test_each_global_step_holds_the_same_samples_at_every_world_size(backend, ow
     assert len(steps) == 120 // GLOBAL_BATCH
     seen = sum(steps, [])
     assert len(set(seen)) == len(seen) == 120                  # each sample once in the epoch
-    for world_size in (2, 3, 4):
+    # ffcv deals the permutation folder does (pipeline/sharding.py), and each of its loaders takes a second to build
+    for world_size in (3,) if backend == "ffcv" else (2, 3, 4):
         assert global_steps(backend, path, world_size) == steps, f"world size {world_size}"
     assert global_steps(backend, path, 1, epoch=2) != steps      # and another order the next epoch
 

@@ -41,7 +41,7 @@ def stopped_then_resumed(data: Path, run_dir: Path, before: int, after: int) -> 
     (run_dir / "summary.json").unlink()
     resumed = subprocess.run(launch(after, data, run_dir), capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert f"on {after} processes where it had {before}" in resumed.stdout
+    assert f"on {after} process{'es' if after > 1 else ''} where it had {before}" in resumed.stdout
     return int(re.search(r"resumed from \S+-ba(\d+)\.pt", resumed.stdout)[1])
 
 

@@ -409,7 +409,7 @@ class Trainer:
             self.phases.load_state_dict(earlier["step_phases"])
         saved_world = checkpoint["world_size"]
         self.log.print(f"resumed from {path}: epoch {state.epoch + 1}, step {state.step}"
-                       + (f", on {self.world.size} processes where it had {saved_world}: {self.config.data.batch_size} "
+                       + (f", on {_processes(self.world.size)} where it had {saved_world}: {self.config.data.batch_size} "
                           f"samples each of the global batch of {self.config.data.global_batch_size}"
                           if saved_world != self.world.size else "")
                        + (f" (config keys changed since: {', '.join(changed)})" if changed else ""))
@@ -458,6 +458,10 @@ class _Timer:
 
     def seconds(self) -> float:
         return time.perf_counter() - self._start - self._paused
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" + ("es" if count != 1 else "")
 
 
 def _due(step: int, every: int) -> bool:
