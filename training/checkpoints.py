@@ -66,7 +66,10 @@ def restore(checkpoint: dict, path: Path, state: State, engine: Engine, config: 
         state.train_loader.load_state_dict({**checkpoint["loader"], "backend": state.train_loader.spec.backend,
                                             "position": state.batch_in_epoch})
     set_rng_state(checkpoint["rng"][rank % saved_world])
-    return earlier, changed_keys(checkpoint["config"], to_plain(config)), order_changes
+    changed = changed_keys(checkpoint["config"], to_plain(config))
+    if not order_changes:       # the same global batch, another share of it per rank: what the resume line says
+        changed = [key for key in changed if key not in ("data.batch_size", "data.global_batch_size")]
+    return earlier, changed, order_changes
 
 
 def _same_share_of_epoch(state: State, saved_batch_in_epoch: int, checkpoint: dict) -> None:
@@ -84,6 +87,8 @@ def _same_share_of_epoch(state: State, saved_batch_in_epoch: int, checkpoint: di
     scheduler._last_lr = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
     for group, lr in zip(state.optimizer.param_groups, scheduler._last_lr):
         group["lr"] = lr
+
+
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
     """Dotted config keys whose values differ (where the run is kept, and resume itself, aside)."""
     keys = []
