@@ -63,6 +63,10 @@ class BlockCache:
                 continue
         return os.open(self.get(name, fetch), os.O_RDONLY)
 
+    def renew(self, name: str) -> None:
+        """Marks block `name` recently used, if it is still there."""
+        _renew(self.path(name))
+
     def get(self, name: str, fetch: Callable[[], bytes]) -> Path:
         """The file holding block `name`, fetched with `fetch()` unless a process has already."""
         path = self.path(name)

@@ -2,7 +2,8 @@
  * with no Python and no GIL between a sample's bytes and its slot in the batch.
  *
  * For each sample, in a pool of pthreads pulling sample numbers from one atomic counter:
- *   read    one pread of the image and its label, at the offsets the shard's .idx gives;
+ *   read    one pread of the image and its label, at the offsets the shard's .idx gives (or
+ *           none, where the caller holds them in memory);
  *   crop    RandomResizedCrop or the val center crop, the arithmetic of pipeline/crops.py on
  *           the uniforms of the same per-sample seeds, drawn here as numpy draws them
  *           (numpy_random.h; by Python when ColOut needs them too), so a batch does not
@@ -48,6 +49,8 @@ typedef struct {
     unsigned scale_mask;                          /* bit M set: DCT scale M/8 allowed (M = 1..16) */
     double scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, val_crop_ratio;
     const int *fds;
+    const unsigned char *const *bases;            /* per sample, the memory holding it, or NULL (or a NULL
+                                                     array): read from its fd; offsets count from there */
     const long long *image_at, *image_size, *label_at;
     const double *uniforms;                       /* count x uniforms_per_sample, or NULL: drawn here */
     int uniforms_per_sample;
@@ -304,23 +307,32 @@ static void resize_into(worker *self, const batch_job *job, int index, const uns
     }
 }
 
-static void read_sample(worker *self, const batch_job *job, int i, long long *image_offset) {
+/* The bytes from the sample's first (image or label) to its last, read from its file, or where
+   they already lie in memory; *image_offset is the image's place in them. */
+static const unsigned char *read_sample(worker *self, const batch_job *job, int i, long long *image_offset) {
     long long first = job->image_at[i] < job->label_at[i] ? job->image_at[i] : job->label_at[i];
     long long end = job->image_at[i] + job->image_size[i];
     if (job->label_at[i] + 4 > end) end = job->label_at[i] + 4;
     size_t length = (size_t)(end - first);
-    self->bytes = grow(self->bytes, &self->bytes_size, length, &self->errors);
-    for (size_t done = 0; done < length;) {
-        ssize_t got = pread(job->fds[i], self->bytes + done, length - done, (off_t)(first + done));
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) refuse(&self->errors, "cannot read %zu bytes at offset %lld (%s)", length, first,
-                             got < 0 ? strerror(errno) : "end of file");
-        done += (size_t)got;
+    const unsigned char *bytes;
+    if (job->bases && job->bases[i]) {
+        bytes = job->bases[i] + first;
+    } else {
+        self->bytes = grow(self->bytes, &self->bytes_size, length, &self->errors);
+        for (size_t done = 0; done < length;) {
+            ssize_t got = pread(job->fds[i], self->bytes + done, length - done, (off_t)(first + done));
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0) refuse(&self->errors, "cannot read %zu bytes at offset %lld (%s)", length, first,
+                                 got < 0 ? strerror(errno) : "end of file");
+            done += (size_t)got;
+        }
+        bytes = self->bytes;
     }
-    const unsigned char *label = self->bytes + (job->label_at[i] - first);
+    const unsigned char *label = bytes + (job->label_at[i] - first);
     job->labels[i] = (int)((unsigned)label[0] | (unsigned)label[1] << 8 | (unsigned)label[2] << 16 |
                            (unsigned)label[3] << 24);
     *image_offset = job->image_at[i] - first;
+    return bytes;
 }
 
 static void read_header(worker *self, const unsigned char *jpeg, size_t size) {
@@ -334,10 +346,10 @@ static void make_sample(worker *self, batch_job *job, int i) {
     struct jpeg_decompress_struct *info = &self->info;
     double *seconds = job->stage_seconds + (long)i * STAGES, started = now();
     long long image_offset;
-    read_sample(self, job, i, &image_offset);
+    const unsigned char *sample = read_sample(self, job, i, &image_offset);
     double read_done = now();
     seconds[0] = read_done - started;
-    const unsigned char *jpeg = self->bytes + image_offset;
+    const unsigned char *jpeg = sample + image_offset;
     size_t jpeg_size = (size_t)job->image_size[i];
     int indexed = job->restarts && restart_index_build(&self->restarts, jpeg, jpeg_size);
     int width, height;

@@ -45,7 +45,7 @@ class _BatchJob(ctypes.Structure):
                 ("oversample_x100", ctypes.c_int), ("restarts", ctypes.c_int), ("scale_mask", ctypes.c_uint),
                 ("scale_lo", ctypes.c_double), ("scale_hi", ctypes.c_double), ("log_ratio_lo", ctypes.c_double),
                 ("log_ratio_hi", ctypes.c_double), ("val_crop_ratio", ctypes.c_double),
-                ("fds", _p), ("image_at", _p), ("image_size", _p), ("label_at", _p),
+                ("fds", _p), ("bases", _p), ("image_at", _p), ("image_size", _p), ("label_at", _p),
                 ("uniforms", _p), ("uniforms_per_sample", ctypes.c_int), ("sample_ids", _p),
                 ("seed", ctypes.c_longlong), ("epoch", ctypes.c_longlong), ("keep_rows", _p), ("keep_cols", _p),
                 ("out", _p), ("out_float", _p), ("scale", ctypes.c_float * 3), ("offset", ctypes.c_float * 3),
@@ -75,12 +75,14 @@ _library = load()
 @dataclass
 class StoredSamples:
     """Where a batch's samples lie: per sample, its id in the split's stored order, the open
-    file holding it, and the offsets of its image and label in that file."""
+    file holding it (or the address of memory holding it, which the caller keeps alive while
+    the batch is made), and the offsets of its image and label in that file or memory."""
     sample_ids: np.ndarray      # int64
-    fds: np.ndarray             # int32
+    fds: np.ndarray             # int32; ignored where bases is not 0
     image_at: np.ndarray        # int64
     image_size: np.ndarray      # int64
     label_at: np.ndarray        # int64
+    bases: np.ndarray | None = None     # uint64 addresses, 0 where the sample is read from its fd
 
 
 @dataclass
@@ -119,6 +121,7 @@ def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int
                   image_at=np.ascontiguousarray(samples.image_at, np.int64),
                   image_size=np.ascontiguousarray(samples.image_size, np.int64),
                   label_at=np.ascontiguousarray(samples.label_at, np.int64),
+                  bases=np.ascontiguousarray(samples.bases if samples.bases is not None else np.zeros(count), np.uint64),
                   sample_ids=np.ascontiguousarray(samples.sample_ids, np.int64),
                   labels=np.empty(count, np.int32), status=np.empty(count, np.int32),
                   scale_used=np.zeros(count, np.int32), stage_seconds=np.zeros((count, len(STAGES))))

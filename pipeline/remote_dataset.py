@@ -8,7 +8,8 @@ again under the same URL never meets blocks of its old shards. Where things live
 
     CACHE_DIR/<dataset>/manifest.json          a copy, for people looking at the cache
     CACHE_DIR/<dataset>/<split>/<shard>.idx    fetched once
-    CACHE_DIR/<dataset>/<split>/<shard>.tar.<block>.block   samples, evicted past the limit
+    CACHE_DIR/<dataset>/<split>/<shard>.tar.<fetch size>.<block>.block
+                                               samples, evicted past the limit
     CACHE_DIR/<dataset>/<split>.beton          an FFCV file, staged whole (pipeline/staged_file.py)
                                                and checked against the manifest's size and sha256;
                                                outside the limit, as FFCV needs all of it

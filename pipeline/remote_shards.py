@@ -8,6 +8,12 @@ boundaries, so a rank that reads only its part of a shard fetches little beyond 
 sample lies in one block file: the decode engine reads it with one `pread`, as it reads a tar,
 so the batches are bit for bit those of the same shards on local disk.
 
+A block's file is opened once and kept open while batches read from it (a lane of a batch
+reads one sample a step, so a block serves many consecutive batches): a batch then costs a
+lookup per block rather than an open, a close and a touch of its time of use. The open files
+are bounded (`OPEN_BLOCKS`, and a quarter of the cache's limit in bytes), since a file evicted
+from the cache while open keeps its disk space until closed.
+
 Read-ahead: when an epoch starts, a thread walks the epoch's plan and fetches the blocks of the
 coming batches, FETCH_THREADS requests at once, staying at most `ahead_bytes` ahead of the
 batch being consumed, so latency is hidden and the cache is never flooded.
@@ -16,18 +22,26 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from pipeline import decode_engine
+from pipeline.block_cache import parse_size
 from pipeline.datasets import RemoteDataError, Shard
+from pipeline.memory_blocks import MemoryBlocks
 from pipeline.shard_index import StoredShards
 
 BLOCK_BYTES = 1 << 20
 FETCH_THREADS = 16
 AHEAD_BYTES = 256 << 20        # at most; a quarter of the cache's limit where that is less
+OPEN_BLOCKS = 512              # block files kept open when no batch holds them
+RENEW_SECONDS = 1.0            # how often a block kept open is marked used again, for the cache's LRU
 
 
 def sample_spans(members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -50,9 +64,10 @@ def cut_blocks(starts: np.ndarray, ends: np.ndarray, block_bytes: int = BLOCK_BY
 
 
 class RemoteShards(StoredShards):
-    def __init__(self, shards: list[Shard], source, block_bytes: int = BLOCK_BYTES):
+    def __init__(self, shards: list[Shard], source, block_bytes=None):
         super().__init__(shards)
         self.source = source
+        self.block_bytes = block_bytes = parse_size(block_bytes) if block_bytes is not None else BLOCK_BYTES
         starts, ends = sample_spans(self.members)
         block_of, offset = [], 0
         for shard_index, count in enumerate(self.counts):
@@ -69,10 +84,16 @@ class RemoteShards(StoredShards):
         self.block_shard[self.block_of] = self.shard_of
         self.ahead_bytes = min(AHEAD_BYTES, source.cache.limit // 4)
         self._reader: _ReadAhead | None = None
+        # A split larger than the cache streams through memory: on disk its blocks would be evicted
+        # before an epoch came back to them
+        self.in_memory = int((self.block_end - self.block_start).sum()) > source.cache.limit
+        self._memory = MemoryBlocks(self.ahead_bytes) if self.in_memory else None
+        self._open = None if self.in_memory else _OpenBlocks(
+            source.cache, max(4, min(OPEN_BLOCKS, source.cache.limit // 4 // block_bytes)))
 
     def block_name(self, block: int) -> str:
         shard = self.shards[int(self.block_shard[block])]
-        return f"{self.source.dataset}/{shard.object_name}.{block}"
+        return f"{self.source.dataset}/{shard.object_name}.{self.block_bytes}.{block}"
 
     def fetch(self, block: int) -> memoryview:
         shard = self.shards[int(self.block_shard[block])]
@@ -82,46 +103,76 @@ class RemoteShards(StoredShards):
             raise RemoteDataError(f"{shard.tar}: {len(data)} bytes at {start} where {end - start} were asked for")
         return data
 
-    def _open_block(self, block: int) -> int:
-        return self.source.cache.open(self.block_name(block), lambda: self.fetch(block))
+    def prefetch(self, block: int) -> None:
+        """Fetches a block a coming batch reads, unless a thread or process already has."""
+        if self._memory is not None:
+            self._memory.prefetch(block, lambda: self.fetch(block))
+        else:
+            self.source.cache.get(self.block_name(block), lambda: self.fetch(block))
+
+    @contextmanager
+    def _holding(self, blocks: list[int]):
+        """(fds, addresses) of the blocks, fetched where need be: file descriptors of their files
+        in the cache (kept open after), or the addresses of the memory holding them, and the
+        buffers themselves, kept while the context lasts."""
+        if self._memory is not None:
+            with self._memory.held([(block, lambda block=block: self.fetch(block)) for block in blocks]) as held:
+                yield None, held
+        else:
+            with self._open.held([(block, self.block_name(block), lambda block=block: self.fetch(block))
+                                  for block in blocks]) as fds:
+                yield fds, None
 
     @contextmanager
     def located(self, ids: np.ndarray):
         blocks, which = np.unique(self.block_of[ids], return_inverse=True)
-        fds = []
-        try:
-            for block in blocks.tolist():
-                fds.append(self._open_block(block))
+        with self._holding(blocks.tolist()) as (fds, in_memory):
             base = self.block_start[self.block_of[ids]]
             members = self.members[ids]
-            yield decode_engine.StoredSamples(ids, np.array(fds, np.int32)[which], members[:, 0] - base,
-                                              members[:, 1], members[:, 2] - base)
-        finally:
-            for fd in fds:
-                os.close(fd)
+            if in_memory is None:
+                fds, bases = np.array(fds, np.int32)[which], None
+            else:
+                fds, bases = np.full(len(ids), -1, np.int32), np.array(in_memory[0], np.uint64)[which]
+            yield decode_engine.StoredSamples(ids, fds, members[:, 0] - base, members[:, 1], members[:, 2] - base,
+                                              bases=bases)
 
     def read(self, sample_id: int) -> tuple[bytes, int]:
         block = int(self.block_of[sample_id])
         base = int(self.block_start[block])
         image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
-        image_at, label_at = image_at - base, label_at - base
-        fd = self._open_block(block)
-        try:
-            data = os.pread(fd, int(self.block_end[block]) - base, 0)
-        finally:
-            os.close(fd)
-        label = int.from_bytes(data[label_at:label_at + 4], "little", signed=True)
-        return data[image_at:image_at + image_size], label
+        first, end = min(image_at, label_at), max(image_at + image_size, label_at + 4)
+        with self._holding([block]) as (fds, in_memory):
+            if in_memory is None:
+                chunk = os.pread(fds[0], end - first, first - base)
+            else:
+                chunk = bytes(in_memory[1][0][first - base:end - base])
+        label = int.from_bytes(chunk[label_at - first:label_at - first + 4], "little", signed=True)
+        return chunk[image_at - first:image_at - first + image_size], label
 
-    def read_ahead(self, plan: list[np.ndarray], start: int) -> None:
-        """Starts fetching the blocks of plan[start:] in the background (stopping any earlier read-ahead)."""
+    def read_ahead(self, plan: list[np.ndarray], start: int,
+                   following: Callable[[], list[np.ndarray]] | None = None) -> None:
+        """Starts fetching the blocks of plan[start:] in the background (stopping any earlier
+        read-ahead), and then those that `following()`, the next epoch's plan, reads first, so that
+        an epoch streamed through memory starts without waiting."""
         self.stop_read_ahead()
-        self._reader = _ReadAhead(self, plan, start)
+        if self._memory is not None:
+            self._memory.plan(self._last_uses(plan, start))
+        self._reader = _ReadAhead(self, plan, start, following)
+
+    def _last_uses(self, plan: list[np.ndarray], start: int, offset: int = 0) -> dict[int, int]:
+        """Per block read by plan[start:], the last batch index reading it (plus `offset`)."""
+        last_use = np.full(len(self.block_start), -1, np.int64)
+        for index in range(start, len(plan)):
+            last_use[self.block_of[plan[index]]] = index + offset
+        return {int(b): int(last_use[b]) for b in np.flatnonzero(last_use >= 0)}
 
     def consumed(self, batch_index: int) -> None:
-        """Batch `batch_index` of the plan has been handed out: the read-ahead may go further."""
+        """Batch `batch_index` of the plan has been handed out: the read-ahead may go further,
+        and in memory the blocks no later batch reads are let go."""
         if self._reader is not None:
             self._reader.advance(batch_index)
+        if self._memory is not None:
+            self._memory.consumed(batch_index)
 
     def stop_read_ahead(self) -> None:
         if self._reader is not None:
@@ -130,46 +181,140 @@ class RemoteShards(StoredShards):
 
     def close(self) -> None:
         self.stop_read_ahead()
+        if getattr(self, "_open", None) is not None:
+            self._open.close()
         super().close()
 
     __del__ = close
+
+
+class _OpenBlocks:
+    """The block files this process keeps open, least recently used closed first, never one a
+    reader holds. Each is marked used in the cache again at most every RENEW_SECONDS while it
+    is read, so that eviction (by time of use) takes the blocks no batch reads any more."""
+
+    def __init__(self, cache, capacity: int):
+        self.cache, self.capacity = cache, capacity
+        self._files: OrderedDict[int, _OpenBlock] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    @contextmanager
+    def held(self, wanted: list[tuple[int, str, Callable[[], bytes]]]):
+        """The fds of the (block, name, fetch) wanted, none closed until the context ends."""
+        opened = []
+        try:
+            for block, name, fetch in wanted:
+                opened.append(self._hold(block, name, fetch))
+            yield [entry.fd for entry in opened]
+        finally:
+            with self._lock:
+                for entry in opened:
+                    entry.holders -= 1
+                self._close_beyond_capacity()
+
+    def _hold(self, block: int, name: str, fetch) -> "_OpenBlock":
+        with self._lock:
+            if self._pid != os.getpid():        # a forked process: the parent's files are not ours to share
+                self._files, self._pid = OrderedDict(), os.getpid()
+            entry = self._files.get(block)
+            if entry is not None:
+                entry.holders += 1
+                self._files.move_to_end(block)
+                now = time.monotonic()
+                if now - entry.renewed > RENEW_SECONDS:
+                    entry.renewed = now
+                    self.cache.renew(name)
+                return entry
+        fd = self.cache.open(name, fetch)       # outside the lock: it may wait for a fetch
+        with self._lock:
+            entry = self._files.get(block)
+            if entry is not None:               # opened meanwhile by another thread
+                os.close(fd)
+            else:
+                entry = self._files[block] = _OpenBlock(fd, time.monotonic())
+            entry.holders += 1
+            self._files.move_to_end(block)
+            return entry
+
+    def _close_beyond_capacity(self) -> None:
+        for block in list(self._files):
+            if len(self._files) <= self.capacity:
+                return
+            if self._files[block].holders == 0:
+                os.close(self._files.pop(block).fd)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                for entry in self._files.values():
+                    os.close(entry.fd)
+            self._files = OrderedDict()
+
+
+@dataclass
+class _OpenBlock:
+    fd: int
+    renewed: float            # time.monotonic() when last marked used in the cache
+    holders: int = 0
 
 
 class _ReadAhead:
     """Fetches a plan's blocks in the order of their first use, a window of batches ahead of the
     consumer. Its failures are dropped: the consumer fetches the block itself and reports them."""
 
-    def __init__(self, shards: RemoteShards, plan: list[np.ndarray], start: int):
+    def __init__(self, shards: RemoteShards, plan: list[np.ndarray], start: int, following=None):
         self.shards = shards
         self.position = start
         self.stopped = False
+        self.on_next_epoch = False        # submitting the next epoch's blocks: stopping lets those run
         self._changed = threading.Condition()
-        firsts, seen = [], set()
-        for index in range(start, len(plan)):
-            for block in dict.fromkeys(shards.block_of[plan[index]].tolist()):
-                if block not in seen:
-                    seen.add(block)
-                    firsts.append((index, block))
+        firsts = self._first_uses(plan, start)
         sizes = shards.block_end - shards.block_start
         per_batch = sum(int(sizes[b]) for _, b in firsts) / max(1, len(plan) - start)
         self.window = max(4, int(shards.ahead_bytes // max(per_batch, 1)))
         self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="read-ahead")
-        self._thread = threading.Thread(target=self._run, args=(firsts,), daemon=True, name="read-ahead")
+        self._thread = threading.Thread(target=self._run, args=(firsts, len(plan), following), daemon=True,
+                                        name="read-ahead")
         self._thread.start()
 
-    def _run(self, firsts) -> None:
+    def _first_uses(self, plan: list[np.ndarray], start: int, offset: int = 0) -> list[tuple[int, int]]:
+        """(batch index + offset, block) of each block plan[start:] reads, at the first batch reading it."""
+        firsts, seen = [], set()
+        for index in range(start, len(plan)):
+            for block in dict.fromkeys(self.shards.block_of[plan[index]].tolist()):
+                if block not in seen:
+                    seen.add(block)
+                    firsts.append((index + offset, block))
+        return firsts
+
+    def _run(self, firsts, length: int, following) -> None:
+        if not self._submit(firsts):
+            return
+        if following is not None and self.shards.in_memory:
+            # The blocks of the next epoch's first window of batches, kept in memory past this epoch's
+            # end; its batch i is batch length + i of this plan, so the window reaches it only as this
+            # epoch ends. Only that window: a block it reads later is let go after its last use here.
+            plan = following()[:self.window]
+            self.shards._memory.extend_plan(self.shards._last_uses(plan, 0, offset=length))
+            self.on_next_epoch = True
+            self._submit(self._first_uses(plan, 0, offset=length))
+
+    def _submit(self, firsts) -> bool:
+        """Submits each block's fetch once the consumer is within the window of its batch; False if stopped."""
         for index, block in firsts:
             with self._changed:
                 self._changed.wait_for(lambda: self.stopped or index <= self.position + self.window)
                 if self.stopped:
-                    return
+                    return False
             self._pool.submit(self._fetch, block)
+        return True
 
     def _fetch(self, block: int) -> None:
-        if self.stopped:
+        if self.stopped and not self.on_next_epoch:
             return
         try:
-            self.shards.source.cache.get(self.shards.block_name(block), lambda: self.shards.fetch(block))
+            self.shards.prefetch(block)
         except Exception:   # noqa: BLE001 - the consumer meets it again and reports it
             pass
 
@@ -182,4 +327,5 @@ class _ReadAhead:
         with self._changed:
             self.stopped = True
             self._changed.notify_all()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        # At an epoch's end, the next epoch's fetches already asked for go on: it is about to start
+        self._pool.shutdown(wait=False, cancel_futures=not self.on_next_epoch)

@@ -48,6 +48,7 @@ class LoaderSpec:
     measured_results: Optional[str] = None   # auto: the folder of per-machine loader figures; None: probe
     cache_dir: Optional[str] = None     # a dataset at a URL: the node's local cache (default ~/.cache/fastpipe/datasets)
     cache_limit: Any = None             # its size, bytes or "20GiB" (default 16GiB); past it, least recently used goes
+    fetch_size: Any = None              # the most bytes one range request fetches (default 1MiB)
     schedule: Schedule = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -57,8 +58,9 @@ class LoaderSpec:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
         if self.backend != "synthetic" and not self.path:
             raise ValueError(f"backend {self.backend!r} needs a path")
-        if self.cache_limit is not None:
-            parse_size(self.cache_limit)     # a ValueError that names the bad size
+        for size in (self.cache_limit, self.fetch_size):
+            if size is not None:
+                parse_size(size)            # a ValueError that names the bad size
         if self.batch_size < 1 or self.num_workers < 0:
             raise ValueError(f"need batch_size >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}")
         if not (0 < self.scale[0] <= self.scale[1] <= 1 and 0 < self.ratio[0] <= self.ratio[1]):

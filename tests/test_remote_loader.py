@@ -100,15 +100,45 @@ def test_cache_is_reused_and_bounded(converted_sets, photos_server, tmp_path):
     batches(loader, epoch=1)
     assert store.requests == first_epoch       # everything came from the cache
 
-    total = int((loader.stored.block_end - loader.stored.block_start).sum())
-    limit = total // 3
-    small = build_loader(spec(url, cache_dir=tmp_path / "small", cache_limit=limit))
+    # A cache that holds either split but not both: reading val evicts train's oldest blocks
+    train_bytes = int((loader.stored.block_end - loader.stored.block_start).sum())
+    limit = train_bytes + (1 << 20)
+    train = build_loader(spec(url, cache_dir=tmp_path / "small", cache_limit=limit))
+    val = build_loader(spec(url, split="val", cache_dir=tmp_path / "small", cache_limit=limit))
+    assert not train.stored.in_memory and not val.stored.in_memory
     local = build_loader(spec(converted_sets["photos"]["webdataset"]))
+    local_val = build_loader(spec(converted_sets["photos"]["webdataset"], split="val"))
+    assert_same(batches(local), batches(train))
+    assert_same(batches(local_val), batches(val))
+    held = sum(p.stat().st_size for p in (tmp_path / "small").rglob(f"*{BLOCK_SUFFIX}"))
+    assert held <= limit + (1 << 20)     # at most a block past it, the one just fetched
+    assert val.stored.source.cache.fetches > 0 and held < train_bytes + val.stored.source.cache.fetched_bytes
+
+
+def test_a_split_larger_than_the_cache_streams_through_memory(converted_sets, photos_server, tmp_path):
+    """Its blocks are never written to disk, each is let go once the plan is past it, and the
+    batches are still those of local disk."""
+    url = f"{photos_server.url}/photos_wds"
+    local = build_loader(spec(converted_sets["photos"]["webdataset"]))
+    split_bytes = int(np.subtract(*sample_spans(local.stored.members)[::-1]).sum())
+    remote = build_loader(spec(url, cache_dir=tmp_path, cache_limit=split_bytes // 2, fetch_size="64KiB"))
+    memory, store = remote.stored._memory, remote.stored.source.store
+    assert remote.stored.in_memory
+    requests = [0]
     for epoch in (0, 1):
-        assert_same(batches(local, epoch), batches(small, epoch))
-        held = sum(p.stat().st_size for p in (tmp_path / "small").rglob(f"*{BLOCK_SUFFIX}"))
-        assert held <= limit + (1 << 20)     # at most a block past it, the one just fetched
-    assert small.stored.source.store.requests > small.stored.source.cache.fetches / 2 > 0
+        assert_same(batches(local, epoch), batches(remote, epoch))
+        requests.append(store.requests)
+        # Each block is let go after the last batch that reads it; what is still held is the next
+        # epoch's first blocks, fetched while this one ended
+        next_plan = [remote.stored.block_of[ids].tolist() for ids in remote.stored.epoch_batches(remote.spec, epoch + 1)]
+        assert set(next_plan[0]) <= set(memory._blocks) <= set(sum(next_plan, []))
+    assert requests[-1] > len(remote.stored.block_start)      # blocks let go were fetched again
+    # the read-ahead's window and the blocks of the batches being made
+    assert 0 < memory.peak_bytes <= remote.stored.ahead_bytes + 2 * 16 * remote.stored.block_bytes < split_bytes
+    assert not list(tmp_path.rglob(f"*{BLOCK_SUFFIX}"))
+    # resumed mid-epoch, and a sample read alone (Pillow's fallback, DALI's source)
+    assert_same(batches(local, epoch=1, start=3), batches(remote, epoch=1, start=3))
+    assert remote.stored.read(5) == local.stored.read(5)
 
 
 def _one_epoch(url: str, cache_dir: str, out) -> None:

@@ -27,7 +27,7 @@ class WebDatasetLoader(Loader):
         data = read_converted(spec.path, spec.split, "webdataset", cache_dir=spec.cache_dir,
                               cache_limit=spec.cache_limit)
         # From a URL the same samples and plans, their bytes fetched into the node's cache
-        self.stored = RemoteShards(data.shards, data.remote) if data.remote else StoredShards(data.shards)
+        self.stored = RemoteShards(data.shards, data.remote, spec.fetch_size) if data.remote else StoredShards(data.shards)
         self._plan: list[np.ndarray] = []
         super().__init__(spec, len(data.classes))
         # RandAugment's operations are Pillow's, in Python: its samples are decoded in DataLoader workers
@@ -53,7 +53,7 @@ class WebDatasetLoader(Loader):
         return len(self._plan)
 
     def _batches(self, epoch: int, start: int):
-        self.stored.read_ahead(self._plan, start)
+        self.stored.read_ahead(self._plan, start, following=lambda: self.stored.epoch_batches(self.spec, epoch + 1))
         try:
             yield from self._decoded_batches(epoch, start)
         finally:

@@ -1,0 +1,146 @@
+"""The blocks of a split larger than the node's cache, held in memory only while the epoch's
+plan still needs them (`pipeline/remote_shards.py` streams such a split through here).
+
+On disk such a split's blocks would each be written, read back and evicted before an epoch
+came back to them: a copy into the page cache and one out of it for nothing. Here a block is
+the fetched response itself; the decode engine reads its samples where they lie
+(`decode_engine.StoredSamples.bases`). A block is let go once the consumer has passed the
+last batch of the plan that reads it, so what is held is bounded by the read-ahead window and
+the blocks the current batches read. No two fetches of one block run at once in a process:
+the second waits for the first.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class _Block:
+    data: memoryview
+    address: int
+    holders: int = 0
+    ready: Future = field(default_factory=Future)
+
+
+class MemoryBlocks:
+    """Fetched blocks by number. `most_bytes` bounds what is kept when no plan says when a
+    block is done with (reads outside an epoch's plan): past it, the least recently used
+    blocks that no reader holds are let go."""
+
+    def __init__(self, most_bytes: int):
+        self.most_bytes = most_bytes
+        self.bytes_held = 0
+        self.peak_bytes = 0
+        self._blocks: OrderedDict[int, _Block] = OrderedDict()
+        self._last_use: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def plan(self, last_use: dict[int, int]) -> None:
+        """The epoch's plan from here on: per block, the last batch index that reads it. Blocks
+        it does not read are let go now."""
+        with self._lock:
+            self._last_use = last_use
+            for block in [b for b, held in self._blocks.items() if b not in last_use and not held.holders]:
+                self._drop(block)
+
+    def extend_plan(self, last_use: dict[int, int]) -> None:
+        """More of the plan (the next epoch's, its batch indices counted on from this one's)."""
+        with self._lock:
+            for block, index in last_use.items():
+                self._last_use[block] = max(index, self._last_use.get(block, index))
+
+    def consumed(self, batch_index: int) -> None:
+        """Batches up to `batch_index` are made: the blocks only they read are let go."""
+        with self._lock:
+            for block in [b for b, held in self._blocks.items()
+                          if not held.holders and self._last_use.get(b, batch_index + 1) <= batch_index]:
+                self._drop(block)
+
+    def prefetch(self, block: int, fetch: Callable[[], memoryview]) -> None:
+        """Fetches a block the plan will read, unless it is here or on its way."""
+        self._release([self._acquire(block, fetch)])
+
+    @contextmanager
+    def held(self, wanted: list[tuple[int, Callable[[], memoryview]]]):
+        """The memory addresses of the (block, fetch) wanted, fetched where need be and kept
+        while the context lasts, with the buffers holding them."""
+        entries = []
+        try:
+            for block, fetch in wanted:
+                entries.append(self._acquire(block, fetch))
+            yield [entry.address for entry in entries], [entry.data for entry in entries]
+        finally:
+            self._release(entries)
+
+    def _acquire(self, block: int, fetch) -> _Block:
+        """The block, fetched here or by another thread, held once more."""
+        for attempt in (0, 1):
+            entry, fetching = self._entry(block)
+            try:
+                if fetching:
+                    self._fill(block, entry, fetch)
+                else:
+                    entry.ready.result()
+                return entry
+            except BaseException:
+                self._release([entry])
+                if fetching or attempt:     # another thread's failure (a read-ahead's) is tried once more here
+                    raise
+        raise AssertionError("unreachable")
+
+    def _release(self, entries: list[_Block]) -> None:
+        with self._lock:
+            for entry in entries:
+                entry.holders -= 1
+            self._trim()
+
+    def _entry(self, block: int) -> tuple[_Block, bool]:
+        """The block's entry, held once more, and whether the caller is to fetch it."""
+        with self._lock:
+            entry = self._blocks.get(block)
+            fetching = entry is None
+            if fetching:
+                entry = self._blocks[block] = _Block(memoryview(b""), 0)
+            self._blocks.move_to_end(block)
+            entry.holders += 1
+            return entry, fetching
+
+    def _fill(self, block: int, entry: _Block, fetch) -> None:
+        try:
+            data = fetch()
+        except BaseException as error:
+            with self._lock:                    # the next reader tries again
+                if self._blocks.get(block) is entry:
+                    del self._blocks[block]
+            entry.ready.set_exception(error)
+            raise
+        entry.data, entry.address = data, np.frombuffer(data, np.uint8).ctypes.data if len(data) else 0
+        with self._lock:
+            self.bytes_held += len(data)
+            self.peak_bytes = max(self.peak_bytes, self.bytes_held)
+        entry.ready.set_result(None)
+
+    def _trim(self) -> None:
+        for block in list(self._blocks):
+            if self.bytes_held <= self.most_bytes:
+                return
+            held = self._blocks[block]
+            if not held.holders and held.ready.done() and block not in self._last_use:
+                self._drop(block)
+
+    def _drop(self, block: int) -> None:
+        entry = self._blocks.pop(block)
+        if entry.ready.done() and entry.ready.exception() is None:
+            self.bytes_held -= len(entry.data)
+
+    def clear(self) -> None:
+        with self._lock:
+            for block in [b for b, held in self._blocks.items() if not held.holders]:
+                self._drop(block)
