@@ -207,8 +207,8 @@ def _s3_env() -> dict:
     return config
 
 
-def open_store(url: str) -> ObjectStore:
+def open_store(url: str, timeout_s: float | None = None) -> ObjectStore:
     """The store for an s3://, gs://, http:// or https:// folder URL."""
     if not is_url(url):
         raise RemoteDataError(f"{redact(str(url))}: not an object-storage URL (s3://, gs://, http://, https://)")
-    return ObjectStore(url)
+    return ObjectStore(url, timeout_s=timeout_s or REQUEST_TIMEOUT_S)

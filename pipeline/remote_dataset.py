@@ -47,9 +47,10 @@ def default_cache_dir() -> Path:
     return Path(base) / "fastpipe" / "datasets"
 
 
-def remote_manifest(url: str) -> tuple[dict, bytes, ObjectStore]:
-    """The dataset manifest at URL, checked, with its bytes and the store."""
-    store = open_store(url)
+def remote_manifest(url: str, timeout_s: Optional[float] = None) -> tuple[dict, bytes, ObjectStore]:
+    """The dataset manifest at URL, checked, with its bytes and the store (its requests retried
+    after timeout_s without an answer)."""
+    store = open_store(url, timeout_s)
     try:
         raw = store.read(MANIFEST)
     except RemoteNotFound:
@@ -62,9 +63,9 @@ def remote_manifest(url: str) -> tuple[dict, bytes, ObjectStore]:
 
 
 def read_remote_converted(url: str, split: str, expected_format: str, cache_dir: Optional[str] = None,
-                          cache_limit=None) -> ConvertedSplit:
+                          cache_limit=None, fetch_timeout: Optional[float] = None) -> ConvertedSplit:
     """The manifest's view of one converted split at URL, its indexes in the cache."""
-    manifest, raw, store = remote_manifest(url)
+    manifest, raw, store = remote_manifest(url, fetch_timeout)
     kind, classes, record = split_record(manifest, store.shown, split, expected_format)
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     cache = BlockCache(root, parse_size(cache_limit if cache_limit is not None else DEFAULT_CACHE_LIMIT))

@@ -87,7 +87,7 @@ class RemoteShards(StoredShards):
         # A split larger than the cache streams through memory: on disk its blocks would be evicted
         # before an epoch came back to them
         self.in_memory = int((self.block_end - self.block_start).sum()) > source.cache.limit
-        self._memory = MemoryBlocks(self.ahead_bytes) if self.in_memory else None
+        self._memory = MemoryBlocks(self.ahead_bytes, block_bytes) if self.in_memory else None
         self._open = None if self.in_memory else _OpenBlocks(
             source.cache, max(4, min(OPEN_BLOCKS, source.cache.limit // 4 // block_bytes)))
 
@@ -292,13 +292,15 @@ class _ReadAhead:
         if not self._submit(firsts):
             return
         if following is not None and self.shards.in_memory:
-            # The blocks of the next epoch's first window of batches, kept in memory past this epoch's
-            # end; its batch i is batch length + i of this plan, so the window reaches it only as this
-            # epoch ends. Only that window: a block it reads later is let go after its last use here.
-            plan = following()[:self.window]
-            self.shards._memory.extend_plan(self.shards._last_uses(plan, 0, offset=length))
+            # The blocks the next epoch reads first, as many as the read-ahead's bytes allow, kept in
+            # memory past this epoch's end; its batch i is batch length + i of this plan, so the window
+            # reaches them only as this epoch ends. A block it reads later is let go after its last use here.
+            firsts = self._first_uses(following()[:self.window], 0, offset=length)
+            sizes = np.cumsum([int(self.shards.block_end[b] - self.shards.block_start[b]) for _, b in firsts])
+            firsts = firsts[:int(np.searchsorted(sizes, self.shards.ahead_bytes, side="right"))]
+            self.shards._memory.extend_plan({block: index for index, block in firsts})
             self.on_next_epoch = True
-            self._submit(self._first_uses(plan, 0, offset=length))
+            self._submit(firsts)
 
     def _submit(self, firsts) -> bool:
         """Submits each block's fetch once the consumer is within the window of its batch; False if stopped."""

@@ -49,6 +49,7 @@ class LoaderSpec:
     cache_dir: Optional[str] = None     # a dataset at a URL: the node's local cache (default ~/.cache/fastpipe/datasets)
     cache_limit: Any = None             # its size, bytes or "20GiB" (default 16GiB); past it, least recently used goes
     fetch_size: Any = None              # the most bytes one range request fetches (default 1MiB)
+    fetch_timeout: Optional[float] = None   # seconds before a request that gets no answer is tried again (default 30)
     schedule: Schedule = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -61,6 +62,8 @@ class LoaderSpec:
         for size in (self.cache_limit, self.fetch_size):
             if size is not None:
                 parse_size(size)            # a ValueError that names the bad size
+        if self.fetch_timeout is not None and not self.fetch_timeout > 0:
+            raise ValueError(f"fetch_timeout must be a positive number of seconds, got {self.fetch_timeout!r}")
         if self.batch_size < 1 or self.num_workers < 0:
             raise ValueError(f"need batch_size >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}")
         if not (0 < self.scale[0] <= self.scale[1] <= 1 and 0 < self.ratio[0] <= self.ratio[1]):

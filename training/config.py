@@ -46,6 +46,7 @@ class DataConfig:
     cache_dir: str = ""                   # path is a URL: the node's cache ('': ~/.cache/fastpipe/datasets)
     cache_limit: Union[int, str] = "16GiB"   # bytes, or a size such as "500GiB"; past it, the least recently used blocks go
     fetch_size: Union[int, str] = "1MiB"    # the most one range request fetches: larger for a distant store
+    fetch_timeout: float = 30.0             # seconds before a request that gets no answer is tried again
 
     def loader_spec(self, split: str, **placement) -> LoaderSpec:
         batch_size = self.batch_size if split == "train" else (self.val_batch_size or self.batch_size)
@@ -57,7 +58,8 @@ class DataConfig:
                           std=self.std, on_corrupt=self.on_corrupt, num_classes=self.num_classes,
                           synthetic_size=self.synthetic_size,
                           measured_results=self.measured_results or None, cache_dir=self.cache_dir or None,
-                          cache_limit=self.cache_limit, fetch_size=self.fetch_size, **placement)
+                          cache_limit=self.cache_limit, fetch_size=self.fetch_size,
+                          fetch_timeout=self.fetch_timeout, **placement)
 
 
 @dataclass

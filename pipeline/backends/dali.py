@@ -53,8 +53,9 @@ class DALILoader(Loader):
         self.stored = None
         if is_url(spec.path) or is_converted(spec.path):   # a URL's samples come through the node's block cache
             shards = read_converted(spec.path, spec.split, "webdataset", cache_dir=spec.cache_dir,
-                                    cache_limit=spec.cache_limit)
-            self.stored = RemoteShards(shards.shards, shards.remote, spec.fetch_size) if shards.remote else StoredShards(shards.shards)
+                                    cache_limit=spec.cache_limit, fetch_timeout=spec.fetch_timeout)
+            self.stored = (RemoteShards(shards.shards, shards.remote, spec.fetch_size) if shards.remote
+                           else StoredShards(shards.shards))
             classes, self.files, self.count = shards.classes, None, shards.count
         else:
             classes, self.files = read_folder(spec.path, spec.split)

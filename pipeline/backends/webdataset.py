@@ -25,7 +25,7 @@ from pipeline.spec import LoaderSpec
 class WebDatasetLoader(Loader):
     def __init__(self, spec: LoaderSpec):
         data = read_converted(spec.path, spec.split, "webdataset", cache_dir=spec.cache_dir,
-                              cache_limit=spec.cache_limit)
+                              cache_limit=spec.cache_limit, fetch_timeout=spec.fetch_timeout)
         # From a URL the same samples and plans, their bytes fetched into the node's cache
         self.stored = RemoteShards(data.shards, data.remote, spec.fetch_size) if data.remote else StoredShards(data.shards)
         self._plan: list[np.ndarray] = []
