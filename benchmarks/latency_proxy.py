@@ -28,7 +28,6 @@ import signal
 import sys
 import threading
 
-CHUNK = 1 << 20            # the most read from a socket at once
 # Bytes held in one direction of one connection before it stops reading (as a TCP window does):
 # the delay line's throughput is at most WINDOW / (latency / 2), about 5 GB/s at 25 ms.
 WINDOW = 64 << 20
@@ -50,7 +49,7 @@ class LatencyProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.AbstractServer | None = None
-        self._handlers: set[asyncio.Task] = set()
+        self._live: set[_Connection] = set()
 
     @property
     def url(self) -> str:
@@ -96,8 +95,10 @@ class LatencyProxy:
         self.stop()
 
     async def _listen(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, limit=CHUNK, backlog=1024)
+            self._server = await loop.create_server(lambda: _Connection(self).client, "127.0.0.1", self.port,
+                                                    backlog=1024)
         except OSError as error:
             reason = os.strerror(error.errno) if error.errno else str(error)
             raise OSError(error.errno, f"cannot listen on 127.0.0.1:{self.port}: {reason}") from None
@@ -105,113 +106,150 @@ class LatencyProxy:
 
     async def _shut(self) -> None:
         self._server.close()
-        for task in list(self._handlers):
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self._server.wait_closed()    # from 3.12 this also waits for the connections, hence after them
+        for connection in list(self._live):
+            connection.abort()
+        await self._server.wait_closed()
 
-    async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._handlers.add(task)
-        self.connections += 1
-        self.open_connections += 1
+
+_EOF, _CLOSE, _RESET = "eof", "close", "reset"      # a side's end, delivered as its bytes are
+
+
+class _Connection:
+    """One client connection and its upstream one. Its round trip starts when accepted: the
+    client's bytes are held until then (as TCP's handshake would), and a refused upstream
+    closes the client after it."""
+
+    def __init__(self, proxy: LatencyProxy):
+        self.proxy = proxy
+        self.loop = asyncio.get_running_loop()
+        self.half = proxy.latency_ms / 2000
+        self.ready = self.loop.time() + 2 * self.half
+        self.client, self.upstream = _Side(self, "bytes_to_upstream"), _Side(self, "bytes_to_client")
+        self.client.peer, self.upstream.peer = self.upstream, self.client
+        self.live = 0
+        self._connecting: asyncio.Task | None = None
+
+    def opened(self, side: "_Side") -> None:
+        self.live += 1
+        if side is self.client:
+            self.proxy.connections += 1
+            self.proxy.open_connections += 1
+            self.proxy._live.add(self)
+            self._connecting = self.loop.create_task(self._connect())
+
+    def lost(self, side: "_Side") -> None:
+        self.live -= 1
+        if self.live == 0 and self in self.proxy._live:
+            self.proxy.open_connections -= 1
+            self.proxy._live.discard(self)
+            if self._connecting is not None:
+                self._connecting.cancel()
+
+    async def _connect(self) -> None:
         try:
-            await self._forward(client_reader, client_writer)
-        except asyncio.CancelledError:
-            pass    # stop(): on 3.11, asyncio's stream callback raises on a handler task that ends cancelled
-        finally:
-            self.open_connections -= 1
-            self._handlers.discard(task)
+            await self.loop.create_connection(lambda: self.upstream, self.proxy.upstream_host,
+                                              self.proxy.upstream_port)
+        except OSError:
+            await asyncio.sleep(max(0.0, self.ready - self.loop.time()))   # a refused connect also takes its round trip
+            self.client.transport.close()
+            return
+        self.client.flow()
+        self.client.schedule()
 
-    async def _forward(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
-        half = self.latency_ms / 2000
-        ready = loop.time() + 2 * half          # the handshake's round trip
-        upstream_writer = None
-        try:
-            try:
-                upstream_reader, upstream_writer = await asyncio.open_connection(
-                    self.upstream_host, self.upstream_port, limit=CHUNK)
-            except OSError:
-                await asyncio.sleep(max(0.0, ready - loop.time()))   # a refused connect also takes its round trip
-                return
-            directions = [asyncio.create_task(_DelayLine(client_reader, upstream_writer, ready, half, self,
-                                                         "bytes_to_upstream").run()),
-                          asyncio.create_task(_DelayLine(upstream_reader, client_writer, ready, half, self,
-                                                         "bytes_to_client").run())]
-            try:
-                done, _ = await asyncio.wait(directions, return_when=asyncio.FIRST_EXCEPTION)
-                if any(t.exception() is not None for t in done):
-                    client_writer.transport.abort()     # a reset or a write to a closed peer ends both sides
-                    upstream_writer.transport.abort()
-            finally:
-                for t in directions:
-                    t.cancel()
-                await asyncio.gather(*directions, return_exceptions=True)
-        finally:
-            for writer in (client_writer, upstream_writer):
-                if writer is not None:
-                    writer.close()
+    def abort(self) -> None:
+        for side in (self.client, self.upstream):
+            if side.transport is not None:
+                side.transport.abort()
 
 
-class _DelayLine:
-    """One direction of one connection: what `reader` gives is written to `writer` `half`
-    seconds after it arrived (and not before `ready`); its end, as a half-close, likewise."""
+class _Side(asyncio.Protocol):
+    """One socket of a connection: what it receives is written to the other side's socket
+    `half` seconds after it arrived (and not before the connection's `ready`), in order, and so
+    is its end (an EOF, a close or a reset). Protocol callbacks and timers, no streams: at a
+    loader's rate the copies of a stream reader cost the CPU the benchmark measures. It stops
+    reading while WINDOW bytes wait in it or the other socket cannot take more, as TCP would."""
 
-    def __init__(self, reader, writer, ready: float, half: float, proxy: LatencyProxy, counter: str):
-        self.reader, self.writer, self.ready, self.half = reader, writer, ready, half
-        self.proxy, self.counter = proxy, counter
-        self.queue: collections.deque = collections.deque()   # (deadline, bytes | None at the end | OSError)
+    def __init__(self, connection: _Connection, counter: str):
+        self.connection, self.counter = connection, counter
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Side | None = None
+        self.queue: collections.deque = collections.deque()    # (deadline, bytes or an end)
         self.held = 0
-        self.arrived = asyncio.Event()
-        self.room = asyncio.Event()
+        self.peer_full = False
+        self.reading = True
+        self.got_eof = self.sent_eof = False    # both: nothing more goes either way, and the socket is closed
+        self._timer: asyncio.TimerHandle | None = None
 
-    async def run(self) -> None:
-        receiving = asyncio.create_task(self._receive())
-        try:
-            await self._deliver()
-        finally:
-            receiving.cancel()
-        await asyncio.gather(receiving, return_exceptions=True)
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.connection.opened(self)
+        self.flow()
 
-    async def _receive(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                data = await self.reader.read(CHUNK)
-            except OSError as error:            # a reset travels down the line as the data does
-                data = error
-            self.queue.append((max(loop.time(), self.ready) + self.half, data or None))
-            self.arrived.set()
-            if not isinstance(data, bytes) or not data:
-                return
-            self.held += len(data)
-            while self.held > WINDOW:
-                self.room.clear()
-                await self.room.wait()
+    def data_received(self, data: bytes) -> None:
+        self._later(data)
+        self.held += len(data)
+        self.flow()
 
-    async def _deliver(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            while not self.queue:
-                self.arrived.clear()
-                await self.arrived.wait()
-            deadline, data = self.queue[0]
-            wait = deadline - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            self.queue.popleft()
-            if data is None:
-                if self.writer.can_write_eof():
-                    self.writer.write_eof()
-                return
-            if isinstance(data, OSError):
-                raise data
-            self.writer.write(data)
-            self.held -= len(data)
-            self.room.set()
-            setattr(self.proxy, self.counter, getattr(self.proxy, self.counter) + len(data))
-            await self.writer.drain()
+    def eof_received(self) -> bool:
+        self._later(_EOF)
+        self.got_eof = True
+        if self.sent_eof:
+            self.transport.close()
+        return True          # keep writing the other way: a half-close
+
+    def connection_lost(self, exc) -> None:
+        self._later(_RESET if exc is not None else _CLOSE)
+        self.connection.lost(self)
+
+    def pause_writing(self) -> None:        # this socket's send buffer is full: the other side waits
+        self.peer.peer_full = True
+        self.peer.flow()
+
+    def resume_writing(self) -> None:
+        self.peer.peer_full = False
+        self.peer.flow()
+
+    def flow(self) -> None:
+        """Reads while there is room, and only once the other side is connected."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        wanted = self.held <= WINDOW and not self.peer_full and self.peer.transport is not None
+        if wanted != self.reading:
+            (self.transport.resume_reading if wanted else self.transport.pause_reading)()
+            self.reading = wanted
+
+    def _later(self, item) -> None:
+        loop = self.connection.loop
+        self.queue.append((max(loop.time(), self.connection.ready) + self.connection.half, item))
+        self.schedule()
+
+    def schedule(self) -> None:
+        if self._timer is None and self.queue and self.peer.transport is not None:
+            self._timer = self.connection.loop.call_at(self.queue[0][0], self._deliver)
+
+    def _deliver(self) -> None:
+        self._timer = None
+        out, now = self.peer.transport, self.connection.loop.time()
+        while self.queue and self.queue[0][0] <= now:
+            _, item = self.queue.popleft()
+            if isinstance(item, bytes):
+                self.held -= len(item)
+                if not out.is_closing():
+                    out.write(item)
+                    proxy = self.connection.proxy
+                    setattr(proxy, self.counter, getattr(proxy, self.counter) + len(item))
+            elif item == _EOF:
+                if not out.is_closing() and out.can_write_eof():
+                    out.write_eof()
+                    self.peer.sent_eof = True
+                    if self.peer.got_eof:
+                        out.close()
+            elif item == _CLOSE:
+                out.close()
+            else:
+                out.abort()
+        self.flow()
+        self.schedule()
 
 
 def main() -> None:

@@ -181,7 +181,9 @@ def measure(config: dict) -> dict:
         starts, ends = sample_spans(loader.stored.members)
         read = int((ends - starts)[np.concatenate(loader._plan)].sum())
         figures.update(fetched_bytes_per_epoch=statistics.median(fetched[1:]),
-                       requests_per_epoch=statistics.median(requests[1:]), sample_bytes_per_epoch=read)
+                       requests_per_epoch=statistics.median(requests[1:]), sample_bytes_per_epoch=read,
+                       cache_limit=config["options"]["cache_limit"], streamed_in_memory=loader.stored.in_memory,
+                       fetch_size=loader.stored.block_bytes)
         shutil.rmtree(config["options"]["cache_dir"], ignore_errors=True)
     if stages_after_warmup and loader.engine_samples > stages_after_warmup[1]:
         # CPU microseconds per image in each stage of the decode engine, over the timed epochs

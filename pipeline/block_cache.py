@@ -19,12 +19,16 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 LOCK_STRIPES = 4096
 EVICT_TO = 0.9          # of the limit, so that eviction is not run again at the very next block
 BLOCK_SUFFIX = ".block"
+RENEW_SECONDS = 1.0          # how often a block kept open is marked used again, for the LRU
 STALE_TMP_SECONDS = 600      # a block takes far less to write; older temporary files are a dead writer's
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
@@ -129,6 +133,81 @@ class BlockCache:
             except FileNotFoundError:
                 pass
         return freed
+
+
+class OpenBlocks:
+    """The block files of a cache this process keeps open, least recently used closed first,
+    never one a reader holds: a batch then costs a lookup per block rather than an open, a
+    close and a touch of its time of use (a batch reads a sample of each of its lanes, so a
+    block serves many in a row). At most `capacity` are kept when no reader holds them, since a
+    file evicted while open keeps its disk space until closed. Each is marked used in the cache
+    again at most every RENEW_SECONDS while it is read, so that eviction (by time of use) takes
+    the blocks no batch reads any more."""
+
+    def __init__(self, cache: BlockCache, capacity: int):
+        self.cache, self.capacity = cache, capacity
+        self._files: OrderedDict[str, _OpenBlock] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    @contextmanager
+    def held(self, wanted: list[tuple[str, Callable[[], bytes]]]):
+        """The fds of the (block name, fetch) wanted, none closed until the context ends."""
+        opened = []
+        try:
+            for name, fetch in wanted:
+                opened.append(self._hold(name, fetch))
+            yield [entry.fd for entry in opened]
+        finally:
+            with self._lock:
+                for entry in opened:
+                    entry.holders -= 1
+                self._close_beyond_capacity()
+
+    def _hold(self, name: str, fetch) -> "_OpenBlock":
+        with self._lock:
+            if self._pid != os.getpid():        # a forked process: the parent's files are not ours to share
+                self._files, self._pid = OrderedDict(), os.getpid()
+            entry = self._files.get(name)
+            if entry is not None:
+                entry.holders += 1
+                self._files.move_to_end(name)
+                now = time.monotonic()
+                if now - entry.renewed > RENEW_SECONDS:
+                    entry.renewed = now
+                    self.cache.renew(name)
+                return entry
+        fd = self.cache.open(name, fetch)       # outside the lock: it may wait for a fetch
+        with self._lock:
+            entry = self._files.get(name)
+            if entry is not None:               # opened meanwhile by another thread
+                os.close(fd)
+            else:
+                entry = self._files[name] = _OpenBlock(fd, time.monotonic())
+            entry.holders += 1
+            self._files.move_to_end(name)
+            return entry
+
+    def _close_beyond_capacity(self) -> None:
+        for name in list(self._files):
+            if len(self._files) <= self.capacity:
+                return
+            if self._files[name].holders == 0:
+                os.close(self._files.pop(name).fd)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                for entry in self._files.values():
+                    os.close(entry.fd)
+            self._files = OrderedDict()
+
+
+@dataclass
+class _OpenBlock:
+    fd: int
+    renewed: float            # time.monotonic() when last marked used in the cache
+    holders: int = 0
 
 
 def _remove_stale(tmp: str, now: float) -> None:

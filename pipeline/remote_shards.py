@@ -1,18 +1,14 @@
 """A WebDataset split read from a URL: the same indexed array of samples as on local disk
-(`pipeline/shard_index.py`, whose epoch plans it keeps), its bytes fetched in blocks into the
-node's cache (`pipeline/block_cache.py`) and read from there.
+(`pipeline/shard_index.py`, whose epoch plans it keeps), its bytes fetched in blocks.
 
-A block is a run of consecutive samples of one shard, at most BLOCK_BYTES long (a sample
+A block is a run of consecutive samples of one shard, at most `fetch_size` long (a sample
 larger than that is a block alone), fetched in one range request. Blocks are cut at sample
 boundaries, so a rank that reads only its part of a shard fetches little beyond it, and each
-sample lies in one block file: the decode engine reads it with one `pread`, as it reads a tar,
-so the batches are bit for bit those of the same shards on local disk.
-
-A block's file is opened once and kept open while batches read from it (a lane of a batch
-reads one sample a step, so a block serves many consecutive batches): a batch then costs a
-lookup per block rather than an open, a close and a touch of its time of use. The open files
-are bounded (`OPEN_BLOCKS`, and a quarter of the cache's limit in bytes), since a file evicted
-from the cache while open keeps its disk space until closed.
+sample lies in one block: the decode engine reads it from there as it reads a tar, so the
+batches are bit for bit those of the same shards on local disk. Where the blocks are kept:
+- a split that fits in the cache's limit: in the node's cache on disk (`pipeline/block_cache.py`),
+  where later epochs find them; their files are kept open while batches read them;
+- a larger one: in memory, while the epoch's plan still needs them (`pipeline/memory_blocks.py`).
 
 Read-ahead: when an epoch starts, a thread walks the epoch's plan and fetches the blocks of the
 coming batches, FETCH_THREADS requests at once, staying at most `ahead_bytes` ahead of the
@@ -22,17 +18,14 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from pipeline import decode_engine
-from pipeline.block_cache import parse_size
+from pipeline.block_cache import OpenBlocks, parse_size
 from pipeline.datasets import RemoteDataError, Shard
 from pipeline.memory_blocks import MemoryBlocks
 from pipeline.shard_index import StoredShards
@@ -41,7 +34,6 @@ BLOCK_BYTES = 1 << 20
 FETCH_THREADS = 16
 AHEAD_BYTES = 256 << 20        # at most; a quarter of the cache's limit where that is less
 OPEN_BLOCKS = 512              # block files kept open when no batch holds them
-RENEW_SECONDS = 1.0            # how often a block kept open is marked used again, for the cache's LRU
 
 
 def sample_spans(members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +80,7 @@ class RemoteShards(StoredShards):
         # before an epoch came back to them
         self.in_memory = int((self.block_end - self.block_start).sum()) > source.cache.limit
         self._memory = MemoryBlocks(self.ahead_bytes, block_bytes) if self.in_memory else None
-        self._open = None if self.in_memory else _OpenBlocks(
+        self._open = None if self.in_memory else OpenBlocks(
             source.cache, max(4, min(OPEN_BLOCKS, source.cache.limit // 4 // block_bytes)))
 
     def block_name(self, block: int) -> str:
@@ -119,7 +111,7 @@ class RemoteShards(StoredShards):
             with self._memory.held([(block, lambda block=block: self.fetch(block)) for block in blocks]) as held:
                 yield None, held
         else:
-            with self._open.held([(block, self.block_name(block), lambda block=block: self.fetch(block))
+            with self._open.held([(self.block_name(block), lambda block=block: self.fetch(block))
                                   for block in blocks]) as fds:
                 yield fds, None
 
@@ -186,77 +178,6 @@ class RemoteShards(StoredShards):
         super().close()
 
     __del__ = close
-
-
-class _OpenBlocks:
-    """The block files this process keeps open, least recently used closed first, never one a
-    reader holds. Each is marked used in the cache again at most every RENEW_SECONDS while it
-    is read, so that eviction (by time of use) takes the blocks no batch reads any more."""
-
-    def __init__(self, cache, capacity: int):
-        self.cache, self.capacity = cache, capacity
-        self._files: OrderedDict[int, _OpenBlock] = OrderedDict()
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    @contextmanager
-    def held(self, wanted: list[tuple[int, str, Callable[[], bytes]]]):
-        """The fds of the (block, name, fetch) wanted, none closed until the context ends."""
-        opened = []
-        try:
-            for block, name, fetch in wanted:
-                opened.append(self._hold(block, name, fetch))
-            yield [entry.fd for entry in opened]
-        finally:
-            with self._lock:
-                for entry in opened:
-                    entry.holders -= 1
-                self._close_beyond_capacity()
-
-    def _hold(self, block: int, name: str, fetch) -> "_OpenBlock":
-        with self._lock:
-            if self._pid != os.getpid():        # a forked process: the parent's files are not ours to share
-                self._files, self._pid = OrderedDict(), os.getpid()
-            entry = self._files.get(block)
-            if entry is not None:
-                entry.holders += 1
-                self._files.move_to_end(block)
-                now = time.monotonic()
-                if now - entry.renewed > RENEW_SECONDS:
-                    entry.renewed = now
-                    self.cache.renew(name)
-                return entry
-        fd = self.cache.open(name, fetch)       # outside the lock: it may wait for a fetch
-        with self._lock:
-            entry = self._files.get(block)
-            if entry is not None:               # opened meanwhile by another thread
-                os.close(fd)
-            else:
-                entry = self._files[block] = _OpenBlock(fd, time.monotonic())
-            entry.holders += 1
-            self._files.move_to_end(block)
-            return entry
-
-    def _close_beyond_capacity(self) -> None:
-        for block in list(self._files):
-            if len(self._files) <= self.capacity:
-                return
-            if self._files[block].holders == 0:
-                os.close(self._files.pop(block).fd)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._pid == os.getpid():
-                for entry in self._files.values():
-                    os.close(entry.fd)
-            self._files = OrderedDict()
-
-
-@dataclass
-class _OpenBlock:
-    fd: int
-    renewed: float            # time.monotonic() when last marked used in the cache
-    holders: int = 0
 
 
 class _ReadAhead:
