@@ -29,7 +29,9 @@ def wait_listening(port: int, process: subprocess.Popen) -> None:
 
 
 class Nginx:
-    def __init__(self, root: Path, prefix: Path, port: int | None = None):
+    """nginx serving `root` on 127.0.0.1; over HTTPS with `tls` = (certificate, key) files."""
+
+    def __init__(self, root: Path, prefix: Path, port: int | None = None, tls: tuple[Path, Path] | None = None):
         self.port = port or free_port()      # a port of its own, or that of a server stopped before
         prefix.mkdir(parents=True, exist_ok=True)
         self.access_log = prefix / "access.log"
@@ -42,11 +44,12 @@ http {{
   access_log {self.access_log};
   client_body_temp_path {prefix}/body; proxy_temp_path {prefix}/proxy; fastcgi_temp_path {prefix}/fcgi;
   uwsgi_temp_path {prefix}/uwsgi; scgi_temp_path {prefix}/scgi;
-  server {{ listen 127.0.0.1:{self.port}; root {root}; location /denied/ {{ deny all; }} }}
+  server {{ listen 127.0.0.1:{self.port}{" ssl" if tls else ""}; root {root}; location /denied/ {{ deny all; }}
+           {f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};" if tls else ""} }}
 }}""")
         self.process = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(prefix)])
         wait_listening(self.port, self.process)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
 
     def requests(self) -> int:
         return len(self.access_log.read_text().splitlines()) if self.access_log.exists() else 0
@@ -64,7 +67,7 @@ class MotoS3:
         self.port = free_port()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port)
         self.server.start()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
 
     def upload(self, folder: Path, bucket: str, prefix: str) -> str:
         """Every file under `folder` as s3://bucket/prefix/<its path>; returns that URL."""

@@ -85,6 +85,9 @@ def describe_error(error: BaseException, scheme: str = "s3") -> str:
         return "connection refused: is the endpoint right and the server up?"
     if "dns error" in low or "failed to lookup" in low or "name or service not known" in low:
         return "unknown host: check the endpoint"
+    if "invalidcertificate" in low or "certificate verify failed" in low:
+        return ("the server's certificate is not trusted here (verified by default): give its CA as "
+                "SSL_CERT_FILE=ca.pem, or fix the certificate")
     if "credential" in low:
         return "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
     if "timed out" in low or "timeout" in low:

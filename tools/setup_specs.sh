@@ -4,8 +4,9 @@
 # FFCV compiles against libturbojpeg and OpenCV (found through pkg-config);
 # Pillow-SIMD compiles against libjpeg and zlib.
 DEB_BUILD_PACKAGES=(libturbojpeg0-dev libopencv-dev pkg-config libjpeg-dev zlib1g-dev)
-# The tests serve datasets over HTTP with nginx (range requests, an access log to count them).
-DEB_TEST_PACKAGES=(nginx-light)
+# The tests serve datasets over HTTP(S) with nginx (range requests, an access log to count them),
+# with a certificate of a test CA that openssl makes.
+DEB_TEST_PACKAGES=(nginx-light openssl)
 TORCH_SPEC="torch==2.13.0"            # the CPU build here; an unpinned torch pulls CUDA wheels
 FFCV_SPEC="ffcv==1.0.2"
 FFCV_DEPS=(assertpy fastargs "opencv-python" psutil pytorch_pfn_extras terminaltables)   # its Requires-Dist

@@ -1,0 +1,57 @@
+"""A dataset behind HTTPS, served by nginx on loopback with a certificate of a test CA made here
+by openssl: refused in one line while the CA is not trusted (certificates are verified by
+default), and read bit for bit as from local disk once SSL_CERT_FILE names it."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from benchmarks.loopback_servers import Nginx
+from pipeline import LoaderSpec, build_loader
+from pipeline.datasets import RemoteDataError, read_converted
+
+
+def _openssl(*args, cwd) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def https_server(converted_sets, tmp_path_factory):
+    """nginx over HTTPS with a certificate for 127.0.0.1 signed by a CA of its own, and that CA's file."""
+    keys = tmp_path_factory.mktemp("tls")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=fastpipe test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign", cwd=keys)
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+             "-subj", "/CN=127.0.0.1", cwd=keys)
+    (keys / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+                                  "extendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf", cwd=keys)
+    server = Nginx(converted_sets["photos"]["webdataset"].parent, tmp_path_factory.mktemp("nginx-tls"),
+                   tls=(keys / "server.pem", keys / "server.key"))
+    yield server, keys / "ca.pem"
+    server.stop()
+
+
+def test_an_untrusted_certificate_is_refused_in_one_line(https_server, monkeypatch, tmp_path):
+    server, _ = https_server
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    with pytest.raises(RemoteDataError) as caught:
+        read_converted(f"{server.url}/photos_wds", "val", "webdataset", cache_dir=str(tmp_path))
+    message = str(caught.value)
+    assert "\n" not in message and len(message) < 400
+    assert message.startswith(f"{server.url}/photos_wds/manifest.json: ") and "certificate" in message
+
+
+def test_with_its_ca_trusted_the_batches_are_those_of_local_disk(converted_sets, https_server, monkeypatch, tmp_path):
+    server, ca = https_server
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    settings = dict(backend="webdataset", split="val", batch_size=16, val_resolution=64, num_workers=2)
+    local = build_loader(LoaderSpec(path=str(converted_sets["photos"]["webdataset"]), **settings))
+    remote = build_loader(LoaderSpec(path=f"{server.url}/photos_wds", cache_dir=str(tmp_path), **settings))
+    pairs = list(zip(local, remote))
+    assert len(pairs) == len(local) > 0
+    for (x1, y1), (x2, y2) in pairs:
+        assert x1.equal(x2) and y1.equal(y2)
