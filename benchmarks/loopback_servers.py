@@ -1,6 +1,6 @@
 """Real servers on 127.0.0.1 only, for the object-storage tests and the remote loader
-benchmark: nginx serving a folder (range requests answered with 206, an access log to count
-requests, a `deny all;` location) and moto's S3 server."""
+benchmark: nginx serving a folder over HTTP or HTTPS (range requests answered with 206, an
+access log to count requests, a `deny all;` location) and moto's S3 server."""
 from __future__ import annotations
 
 import os
@@ -67,7 +67,7 @@ class MotoS3:
         self.port = free_port()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port)
         self.server.start()
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def upload(self, folder: Path, bucket: str, prefix: str) -> str:
         """Every file under `folder` as s3://bucket/prefix/<its path>; returns that URL."""
