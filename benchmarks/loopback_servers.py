@@ -41,7 +41,7 @@ class Nginx:
         conf.write_text(f"""daemon off; {user} pid {prefix}/nginx.pid; error_log {prefix}/error.log;
 events {{ worker_connections 256; }}
 http {{
-  access_log {self.access_log};
+  access_log {self.access_log}; sendfile on; tcp_nopush on;
   client_body_temp_path {prefix}/body; proxy_temp_path {prefix}/proxy; fastcgi_temp_path {prefix}/fcgi;
   uwsgi_temp_path {prefix}/uwsgi; scgi_temp_path {prefix}/scgi;
   server {{ listen 127.0.0.1:{self.port}{" ssl" if tls else ""}; root {root}; location /denied/ {{ deny all; }}
