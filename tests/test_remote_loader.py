@@ -248,8 +248,11 @@ def test_dali_from_a_url_reads_through_the_same_fetcher(converted_sets, photos_s
     pytest.importorskip("nvidia.dali")
     url = f"{photos_server.url}/photos_wds"
     val = dict(backend="dali", split="val", num_workers=1)
-    assert_same(batches(build_loader(spec(converted_sets["photos"]["webdataset"], **val))),
-                batches(build_loader(spec(url, cache_dir=tmp_path, **val))))
+    local = batches(build_loader(spec(converted_sets["photos"]["webdataset"], **val)))
+    assert_same(local, batches(build_loader(spec(url, cache_dir=tmp_path, **val))))
+    streamed = build_loader(spec(url, cache_dir=tmp_path / "streamed", cache_limit=1, **val))   # through memory
+    assert streamed.stored.in_memory
+    assert_same(local, batches(streamed))
     train = batches(build_loader(spec(url, cache_dir=tmp_path, backend="dali", num_workers=1)), epoch=1)
     planned = batches(build_loader(spec(url, cache_dir=tmp_path)), epoch=1)
     assert [labels.tolist() for _, labels in train] == [labels.tolist() for _, labels in planned]

@@ -137,7 +137,8 @@ class _PlannedBatches:
             raise StopIteration
         if index == 0:
             self.stored.read_ahead(self.plan, 0)
-        self.stored.consumed(index)
+        else:       # the batches before this one have been handed to DALI
+            self.stored.consumed(index - 1)
         ahead, self._next = self._next, None
         batch = ahead[1].result() if ahead and ahead[0] == index else self._read(index)
         if index + 1 < len(self.plan):
