@@ -104,9 +104,9 @@ class RemoteShards(StoredShards):
 
     @contextmanager
     def _holding(self, blocks: list[int]):
-        """(fds, addresses) of the blocks, fetched where need be: file descriptors of their files
-        in the cache (kept open after), or the addresses of the memory holding them, and the
-        buffers themselves, kept while the context lasts."""
+        """The blocks, fetched where need be, while the context lasts: (fds, None), the file
+        descriptors of their files in the cache (kept open after), or (None, (addresses, buffers))
+        of the memory holding them."""
         if self._memory is not None:
             with self._memory.held([(block, lambda block=block: self.fetch(block)) for block in blocks]) as held:
                 yield None, held
