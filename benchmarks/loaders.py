@@ -3,7 +3,7 @@ bound and the loaders users write from FFCV's and DALI's examples.
 
     python benchmarks/loaders.py [--source data/sample/photos] [--backends ...] [--resolutions 160,128]
                                  [--val-resolutions 224] [--workers 2] [--epochs 3] [--instance-type p4d.24xlarge]
-                                 [--device cuda] [--hw-decoder-loads 0,0.65,1] [--remote http|s3|URL [--latency-ms 25]]
+                                 [--device cuda] [--hw-decoder-loads 0,0.65,1] [--remote http|s3|URL [--latency-ms 25 [--latency-in proxy|server]]]
 
 Data: the raw ImageNet-layout `--source` and its conversions, made (once; the converters skip
 an up-to-date output) under `--cache`:
@@ -244,7 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fetch-size", help="with --remote: the loaders' data.fetch_size (default 1MiB), e.g. "
                         "64KiB where one batch reads from every 1 MiB block of a small split")
     parser.add_argument("--latency-ms", type=float, default=0,
-                        help="with --remote: a proxy adds this round trip to each request (plain http servers)")
+                        help="with --remote: this round trip added to each request (see --latency-in)")
+    parser.add_argument("--latency-in", choices=("proxy", "server"), default="proxy",
+                        help="with --latency-ms: a user-space proxy in front of the server (any plain-http one), or "
+                        "nginx's own answers delayed (--remote http; needs libnginx-mod-http-echo), which spares "
+                        "the machine's cores the proxy's copies")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration
     return parser
@@ -275,7 +279,7 @@ def main() -> int:
     if args.latency_ms and not args.remote:
         parser.error("--latency-ms needs --remote")
     with contextlib.ExitStack() as stack:
-        source = stack.enter_context(RemoteSource(args.remote, args.cache, args.latency_ms)) if args.remote else None
+        source = stack.enter_context(RemoteSource(args.remote, args.cache, args.latency_ms, args.latency_in)) if args.remote else None
         return run_all(args, backends, forms, hw_loads, source)
 
 

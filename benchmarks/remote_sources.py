@@ -1,8 +1,10 @@
 """Where `benchmarks/loaders.py --remote` reads the conversions from: a URL the user gives (the
 folder that holds them, named as under `--cache`), or a server started here on loopback over
-`--cache` itself: `http` (nginx) or `s3` (moto's S3 server). `--latency-ms` puts a loopback
-server, or a user's plain-http one, behind `benchmarks/latency_proxy.py`, which adds that
-round trip to every request, as a cloud store far from the node would."""
+`--cache` itself: `http` (nginx) or `s3` (moto's S3 server). `--latency-ms` adds that round
+trip to every request, as a cloud store far from the node would: by putting the server (or a
+user's plain-http one) behind `benchmarks/latency_proxy.py`, or, with `--latency-in server`,
+inside the loopback nginx, whose answers then start that late (no proxy's copies on this
+machine's cores, which a real store's latency does not cost either)."""
 from __future__ import annotations
 
 import tempfile
@@ -18,15 +20,19 @@ LOOPBACK = ("http", "s3")
 class RemoteSource:
     """A context manager: `url_for(conversion folder)` and the `environment` its readers need."""
 
-    def __init__(self, where: str, cache: Path, latency_ms: float = 0):
-        self.where, self.cache, self.latency_ms = where, cache, latency_ms
+    def __init__(self, where: str, cache: Path, latency_ms: float = 0, latency_in: str = "proxy"):
+        if latency_in == "server" and where != "http":
+            raise SystemExit("error: --latency-in server needs --remote http (the loopback nginx)")
+        self.where, self.cache, self.latency_ms, self.latency_in = where, cache, latency_ms, latency_in
         self.environment: dict[str, str] = {}
         self._servers = []
         self._base = ""
         self._folder = tempfile.TemporaryDirectory(prefix="remote-source-")
 
     def __enter__(self) -> "RemoteSource":
-        if self.where == "http":
+        if self.where == "http" and self.latency_in == "server":
+            self._base = self._start(Nginx(self.cache, Path(self._folder.name) / "nginx", delay_ms=self.latency_ms)).url
+        elif self.where == "http":
             nginx = self._start(Nginx(self.cache, Path(self._folder.name) / "nginx"))
             self._base = self._proxied(nginx.url)
         elif self.where == "s3":
@@ -44,7 +50,8 @@ class RemoteSource:
 
     def describe(self) -> str:
         kind = {"http": "nginx on loopback", "s3": "moto's S3 server on loopback"}.get(self.where, "given URL")
-        return f"{kind}{f', +{self.latency_ms:g} ms round trip' if self.latency_ms else ''}"
+        where = "answers delayed in nginx" if self.latency_in == "server" else "through a delay proxy"
+        return f"{kind}{f', +{self.latency_ms:g} ms round trip ({where})' if self.latency_ms else ''}"
 
     def _start(self, server):
         self._servers.append(server)

@@ -1,6 +1,7 @@
 """benchmarks/latency_proxy.py in front of the loopback nginx: the bytes come through unchanged
 (whole files, ranges, many connections at once), a round trip costs at least the latency asked
-for, either side's close reaches the other, and a stopped proxy gives its port back."""
+for, either side's close reaches the other, and a stopped proxy gives its port back. Also the
+other way the loader benchmark adds latency: nginx's own answers delayed."""
 from __future__ import annotations
 
 import http.client
@@ -170,3 +171,20 @@ def test_command_line_runs_until_interrupted(nginx_server, served_files):
         process.wait()
     assert process.returncode == 0, err
     assert "1 connections" in out
+
+
+@pytest.mark.timeout(60)
+def test_nginx_delays_its_answers_and_still_serves_ranges(served_files, tmp_path):
+    from benchmarks.loopback_servers import ECHO_MODULE, Nginx
+    if not ECHO_MODULE.exists():
+        pytest.skip("nginx's echo module is not installed (libnginx-mod-http-echo)")
+    local = (served_files / SHARD).read_bytes()
+    server = Nginx(served_files, tmp_path / "nginx", delay_ms=200)
+    try:
+        start = time.perf_counter()
+        answer = get(f"{server.url}/{SHARD}", {"Range": "bytes=1000-300000"})
+        took = time.perf_counter() - start
+    finally:
+        server.stop()
+    assert answer == (206, local[1000:300001])
+    assert took >= 0.2, f"an answer came after {took:.3f} s, before the 0.2 s delay"

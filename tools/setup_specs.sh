@@ -5,8 +5,9 @@
 # Pillow-SIMD compiles against libjpeg and zlib.
 DEB_BUILD_PACKAGES=(libturbojpeg0-dev libopencv-dev pkg-config libjpeg-dev zlib1g-dev)
 # The tests serve datasets over HTTP(S) with nginx (range requests, an access log to count them),
-# with a certificate of a test CA that openssl makes.
-DEB_TEST_PACKAGES=(nginx-light openssl)
+# with a certificate of a test CA that openssl makes; nginx's echo module delays its answers for
+# the loader benchmark's --latency-in server.
+DEB_TEST_PACKAGES=(nginx-light openssl libnginx-mod-http-echo)
 TORCH_SPEC="torch==2.13.0"            # the CPU build here; an unpinned torch pulls CUDA wheels
 FFCV_SPEC="ffcv==1.0.2"
 FFCV_DEPS=(assertpy fastargs "opencv-python" psutil pytorch_pfn_extras terminaltables)   # its Requires-Dist
