@@ -73,7 +73,7 @@ class MemoryBlocks:
 
     def prefetch(self, block: int, fetch: Callable[[], memoryview]) -> None:
         """Fetches a block the plan will read, unless it is here or on its way."""
-        self._release([self._acquire(block, fetch)])
+        self._unhold([self._acquire(block, fetch)])
 
     @contextmanager
     def held(self, wanted: list[tuple[int, Callable[[], memoryview]]]):
@@ -85,7 +85,7 @@ class MemoryBlocks:
                 entries.append(self._acquire(block, fetch))
             yield [entry.address for entry in entries], [entry.data for entry in entries]
         finally:
-            self._release(entries)
+            self._unhold(entries)
 
     def _acquire(self, block: int, fetch) -> _Block:
         """The block, fetched here or by another thread, held once more."""
@@ -98,12 +98,12 @@ class MemoryBlocks:
                     entry.ready.result()
                 return entry
             except BaseException:
-                self._release([entry])
+                self._unhold([entry])
                 if fetching or attempt:     # another thread's failure (a read-ahead's) is tried once more here
                     raise
         raise AssertionError("unreachable")
 
-    def _release(self, entries: list[_Block]) -> None:
+    def _unhold(self, entries: list[_Block]) -> None:
         with self._lock:
             for entry in entries:
                 entry.holders -= 1

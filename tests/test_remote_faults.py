@@ -58,12 +58,12 @@ def test_a_server_refusing_or_missing_a_file_while_the_run_is_built_is_one_line_
 class _StallFirstRequest(http.server.SimpleHTTPRequestHandler):
     """Serves a folder, ranges included, leaving its first request unanswered until the test ends."""
     seen = 0
-    release = threading.Event()
+    unblock = threading.Event()
 
     def do_GET(self):
         type(self).seen += 1
         if type(self).seen == 1:
-            self.release.wait(120)
+            self.unblock.wait(120)
             return
         wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
         if not wanted:
@@ -96,5 +96,5 @@ def test_data_fetch_timeout_bounds_a_stalled_request(converted_sets, tmp_path):
         assert sum(len(labels) for _, labels in loader) > 0
         assert _StallFirstRequest.seen > 1          # the stalled manifest request was given up and made again
     finally:
-        _StallFirstRequest.release.set()
+        _StallFirstRequest.unblock.set()
         server.shutdown()
