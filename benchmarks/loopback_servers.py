@@ -1,11 +1,20 @@
 """Real servers on 127.0.0.1 only, for the object-storage tests and the remote loader
 benchmark: nginx serving a folder over HTTP or HTTPS (range requests answered with 206, an
-access log to count requests, a `deny all;` location) and moto's S3 server."""
+access log to count requests, a `deny all;` location) and moto's S3 server.
+
+As a command, a folder served by nginx while another command runs (tools/gpu_check.py's
+e2e-remote stage: training fed over HTTP beside the same from local disk):
+
+    python benchmarks/loopback_servers.py --serve FOLDER -- COMMAND ...   ({url} in COMMAND: the server's)
+"""
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,7 +69,8 @@ http {{
   server {{ listen 127.0.0.1:{self.port}{" ssl" if tls else ""}; root {root}; location /denied/ {{ deny all; }} {delay}
            {f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};" if tls else ""} }}
 }}""")
-        self.process = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(prefix)])
+        # -e: the log of its start too, which is otherwise the build's path (/var/log/nginx)
+        self.process = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(prefix), "-e", str(prefix / "error.log")])
         wait_listening(self.port, self.process)
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
 
@@ -101,3 +111,39 @@ class MotoS3:
 
     def stop(self):
         self.server.stop()
+
+
+def serve_while(folder: Path, command: list[str]) -> int:
+    """COMMAND's exit status, run while nginx serves FOLDER, with each {url} in it the server's."""
+    if not folder.is_dir():
+        print(f"error: {folder} is not a folder", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="nginx-") as prefix:
+        server = Nginx(folder.resolve(), Path(prefix))
+        try:
+            print(f"[loopback] nginx serves {folder} at {server.url}", file=sys.stderr, flush=True)
+            status = subprocess.run([part.replace("{url}", server.url) for part in command]).returncode
+            print(f"[loopback] nginx answered {server.requests():,} requests", file=sys.stderr, flush=True)
+            return status
+        finally:
+            server.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--serve", type=Path, required=True, metavar="FOLDER", help="the folder nginx serves")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run while it does")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to run after --")
+    return serve_while(args.serve, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

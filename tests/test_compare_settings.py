@@ -41,7 +41,7 @@ def test_each_setting_gets_its_loader_rounds_alternate_and_the_best_is_the_top_m
     saved = json.loads((tmp_path / "out.json").read_text())
     a, b = saved["settings"]
     assert a["loader"] == {"backend": "folder", "path": str(fashion["folder"]), "num_workers": 0,
-                           "hw_decoder_load": 0.65}, a
+                           "hw_decoder_load": 0.65, "cache_limit": "16GiB"}, a
     assert b["loader"]["backend"] == "webdataset" and b["loader"]["path"] == str(fashion["webdataset"]), b
     assert b["loader"]["num_workers"] == 1 and a["step_stream"] == b["step_stream"] == "default"
     assert [r["order"] for r in saved["rounds"]] == [["A", "B"], ["B", "A"], ["A", "B"]]

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -170,7 +171,7 @@ def test_every_stage_command_parses_with_the_tool_it_runs(tmp_path):
     parsed here by the parser of the tool it runs, and every override (put after the tools'
     options: compile=true after --epoch) loads into the recipe's config as the run would."""
     import compare_settings, convert_wds, diagnose, make_sample_data  # noqa: E401
-    from benchmarks import loaders, models
+    from benchmarks import loaders, loopback_servers, models
     from training import main as training_main
     from training.config import load_config
     from training.run import algorithms_from_config
@@ -186,6 +187,10 @@ def test_every_stage_command_parses_with_the_tool_it_runs(tmp_path):
         if command[1:3] == ["-m", "pytest"]:
             assert "tests/test_cuda.py" in command and (ROOT / "tests/test_cuda.py").is_file()
             continue
+        if "benchmarks/loopback_servers.py" in command:    # serves a folder while the command after -- runs
+            served = loopback_servers.build_parser().parse_args(command[command.index("--serve"):])
+            assert (tmp_path / served.serve).parent == tmp_path / "data", served
+            command = served.command[1:]
         script = next(arg for arg in command if arg in parsers or arg.endswith(".py"))
         assert script in parsers, f"{script}: a stage runs a tool this test does not parse"
         arguments = command[command.index(script) + 1:]
@@ -210,6 +215,43 @@ def test_the_compare_stage_parses_and_each_setting_is_one_the_recipe_takes(tmp_p
     assert [(s.loader_changes, s.step_stream) for s in settings] == [
         ({}, "default"), ({"hw_decoder_load": 1.0}, "default"), ({}, "high_priority"),
         ({"hw_decoder_load": 1.0}, "high_priority"), ({"backend": "webdataset"}, "default")]
+
+
+def test_the_remote_stage_compares_local_disk_with_the_same_shards_over_http(tmp_path):
+    import compare_settings
+    [(command, allowed)] = gpu_check.stages(tmp_path, tmp_path)["e2e-remote"]
+    command = command[command.index("--") + 1:]
+    url = "http://127.0.0.1:8080"
+    args = compare_settings.parse_args([arg.replace("{url}", url) for arg in command[2:]])
+    settings = compare_settings.read_settings(args.setting, args.config, args.overrides, str(tmp_path))
+    served = f"{url}/{Path(gpu_check.LARGE_WDS).name}"
+    assert [s.loader_changes for s in settings] == [
+        {"backend": "webdataset"}, {"backend": "webdataset", "path": served},
+        {"backend": "webdataset", "path": served, "cache_limit": gpu_check.REMOTE_STREAMED_LIMIT}]
+    assert args.json.name == f"e2e-remote-{len(os.sched_getaffinity(0))}c.json" and allowed <= 540
+
+
+def test_report_checks_each_remote_setting_against_local_disk(tmp_path):
+    import compare_settings
+    settings = [compare_settings.Setting(name, ["data.backend=webdataset", *extra], {}, "default")
+                for name, extra in (("A", []), ("B", ["data.path=http://x/d"]),
+                                    ("C", ["data.path=http://x/d", "data.cache_limit=512MiB"]))]
+    rounds = [{"order": ["A", "B", "C"], "model_img_per_s": 7500.0,
+               "together": {name: {"img_per_s": 7500.0 * share, "wait_share": 0.01, "share_of_model": share}
+                            for name, share in (("A", 0.98), ("B", 0.97), ("C", 0.90))}}]
+    result = compare_settings.summarise(rounds, settings, {"A": 22000.0, "B": 21000.0, "C": 15000.0}) | {
+        "device": "cuda:0", "cpu_cores": 8, "model": "resnet50", "precision": "bf16", "compile": True,
+        "channels_last": True, "batch_size": 256, "side": 176, "epoch": 35, "steps": 150, "warmup": 20}
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "e2e-remote-8c.json").write_text(json.dumps(result))
+    (work / "e2e-remote-16c.json").write_text(json.dumps(result | {"cpu_cores": 16}))
+    text = gpu_check.report(work, tmp_path / "results", H100)
+    assert text.index("local disk, 16 cores (176 px)") < text.index("local disk, 8 cores (176 px)")
+    assert "## End to end" not in text
+    assert "- B (data.path=http://x/d): 0.990x local disk's share; the target is 0.97x: **met**." in text
+    assert ("- C (data.path=http://x/d data.cache_limit=512MiB): 0.918x local disk's share; the target is 0.97x: "
+            "**not met**.") in text
 
 
 def test_report_shows_the_compared_settings_and_checks_the_best_against_the_target(tmp_path):

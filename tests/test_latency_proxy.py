@@ -1,7 +1,8 @@
 """benchmarks/latency_proxy.py in front of the loopback nginx: the bytes come through unchanged
 (whole files, ranges, many connections at once), a round trip costs at least the latency asked
 for, either side's close reaches the other, and a stopped proxy gives its port back. Also the
-other way the loader benchmark adds latency: nginx's own answers delayed."""
+other way the loader benchmark adds latency: nginx's own answers delayed, and nginx serving a
+folder while a command runs (`loopback_servers.py --serve`, the GPU check's e2e-remote stage)."""
 from __future__ import annotations
 
 import http.client
@@ -188,3 +189,23 @@ def test_nginx_delays_its_answers_and_still_serves_ranges(served_files, tmp_path
         server.stop()
     assert answer == (206, local[1000:300001])
     assert took >= 0.2, f"an answer came after {took:.3f} s, before the 0.2 s delay"
+
+
+@pytest.mark.timeout(60)
+def test_serve_runs_a_command_against_nginx_and_gives_back_its_status(served_files, tmp_path):
+    serve = [sys.executable, str(ROOT / "benchmarks" / "loopback_servers.py"), "--serve"]
+    fetch = ("import sys, urllib.request; request = urllib.request.Request(sys.argv[1] + sys.argv[2], "
+             "headers={'Range': 'bytes=10-19'}); sys.stdout.buffer.write(urllib.request.urlopen(request).read()); "
+             "sys.exit(3)")
+    result = subprocess.run([*serve, str(served_files), "--", sys.executable, "-c", fetch, "{url}", f"/{SHARD}"],
+                            capture_output=True, timeout=50)
+    assert result.returncode == 3, result.stderr.decode()[-2000:]
+    assert result.stdout == (served_files / SHARD).read_bytes()[10:20]
+    errors = result.stderr.decode()
+    assert "nginx answered 1 requests" in errors
+    port = int(errors.split("at http://127.0.0.1:")[1].split()[0])
+    with pytest.raises(ConnectionRefusedError):          # stopped with the command
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    missing = subprocess.run([*serve, str(tmp_path / "absent"), "--", "true"], capture_output=True, text=True,
+                             timeout=50)
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: {tmp_path / 'absent'} is not a folder"

@@ -19,7 +19,7 @@ runs (no sync per step: the host fetches the next batch while the device compute
 so a resolution schedule stays at that size.
 
 A setting is a space-separated list of overrides of only these keys: data.backend, data.path,
-data.num_workers, data.hw_decoder_load (the train loader) and step_stream
+data.num_workers, data.hw_decoder_load, data.cache_limit (the train loader) and step_stream
 (training/step_stream.py). Everything else (model, batch, resolution, precision, compile,
 algorithms) is the recipe's and the same for all; the model alone runs with the recipe's
 step_stream. A bad setting is one line on stderr and exit 2, before anything is measured.
@@ -42,7 +42,7 @@ from pipeline import build_loader  # noqa: E402
 from training.config import ConfigError  # noqa: E402
 from training.step_stream import StepStream  # noqa: E402
 
-LOADER_KEYS = ("backend", "path", "num_workers", "hw_decoder_load")   # data.<key>: fields of the loader spec
+LOADER_KEYS = ("backend", "path", "num_workers", "hw_decoder_load", "cache_limit")   # data.<key>: loader spec fields
 SETTING_KEYS = (*(f"data.{key}" for key in LOADER_KEYS), "step_stream")
 
 
@@ -117,7 +117,7 @@ def compare(args, config, settings: list[Setting]) -> dict:
     loader_alone = {s.name: measure(loaders[s.name], args.epoch, args.warmup, args.steps, device)["img_per_s"]
                     for s in settings}
     about = {
-        "device": str(device), "cpu_cores": os.cpu_count() or 1, "model": config.model.name,
+        "device": str(device), "cpu_cores": len(os.sched_getaffinity(0)), "model": config.model.name,
         "precision": config.precision, "compile": config.compile, "channels_last": config.channels_last,
         "batch_size": recipe_loader.spec.batch_size, "side": recipe_loader.side, "epoch": args.epoch,
         "steps": args.steps, "warmup": args.warmup, "rounds_planned": args.rounds,

@@ -15,9 +15,10 @@ there with the node's own Python, a group at a time as its chunks arrive.
 `pack` (default OUT: gpu-bundle/) makes two groups, each an xz-compressed tar cut into chunks,
 and MANIFEST.json with every chunk's size and sha256:
 - base: the FFCV wheel (tools/ffcv_wheel.sh) and its small dependencies, webdataset,
-  simplejpeg, pytest and its plugins, a libjpeg-turbo kit (headers and library,
-  from Debian packages) and the 23 source photographs (about 21 MiB). Every stage but DALI's
-  runs with it alone;
+  simplejpeg, pytest and its plugins, obstore, a libjpeg-turbo kit (headers and library,
+  from Debian packages), nginx with the libraries it links (Debian's; bin/nginx runs it with
+  them: the loopback HTTP server the e2e-remote stage reads from) and the 23 source
+  photographs (about 21 MiB). Every stage but DALI's runs with it alone;
 - each group also carries what its wheels require on the node and neither it, the other group
   nor the node has (`complete`: pip downloads for another platform must be --no-deps);
 - dali: DALI for CUDA `--cuda`, nvImageCodec and nvJPEG, and DALI's pure-Python dependencies.
@@ -57,6 +58,13 @@ NODE_HAS = {"torch", "numpy", "numba", "llvmlite", "pillow", "opencv-python", "o
 # DALI's optional codec libraries (nvTIFF and nvJPEG2000 decoders, nvCOMP's GPU decompression).
 DALI_OPTIONAL = re.compile(r"nvidia-(libnvcomp|nvjpeg2k|nvtiff)")
 JPEG_KIT_PACKAGES = ("libjpeg62-turbo", "libjpeg62-turbo-dev")
+# nginx and the libraries it links beyond libc: the loopback HTTP server of the e2e-remote stage.
+NGINX_KIT_PACKAGES = ("nginx", "libpcre2-8-0", "libssl3", "zlib1g", "libcrypt1")
+# Run through this, so that only nginx sees the kit's libraries (not Python's ssl, nor torch's zlib).
+NGINX_WRAPPER = """#!/bin/sh
+kit=$(dirname "$(dirname "$(readlink -f "$0")")")
+LD_LIBRARY_PATH="$kit/lib" exec "$kit/sbin/nginx" "$@"
+"""
 # What each group must make importable on the node (kept in the manifest).
 GROUP_IMPORTS = {"base": ["ffcv", "webdataset", "simplejpeg", "pytest", "xdist", "pytest_timeout"],
                  "dali": ["nvidia.dali"]}
@@ -131,6 +139,28 @@ def gather_dali(dest: Path, cuda: str, python_version: str, elsewhere: set[str])
     complete(dest, python_version, elsewhere)
 
 
+def unpack_debian_packages(packages: tuple[str, ...], into: Path) -> None:
+    with tempfile.TemporaryDirectory() as debs:
+        run(["apt-get", "download", *packages], "apt-get download", cwd=debs)
+        for deb in Path(debs).glob("*.deb"):
+            run(["dpkg", "-x", str(deb), str(into)], f"dpkg -x {deb.name}")
+
+
+def gather_nginx(kit: Path) -> None:
+    """nginx, its libraries in kit/lib and kit/bin/nginx, which runs it with them."""
+    with tempfile.TemporaryDirectory() as unpacked:
+        unpack_debian_packages(NGINX_KIT_PACKAGES, Path(unpacked))
+        (kit / "sbin").mkdir(parents=True)
+        (kit / "lib").mkdir()
+        shutil.copy2(Path(unpacked) / "usr" / "sbin" / "nginx", kit / "sbin" / "nginx")
+        for library in Path(unpacked).rglob("lib*.so*"):
+            if library.is_symlink() or library.is_file():
+                shutil.copy2(library, kit / "lib" / library.name, follow_symlinks=False)
+    (kit / "bin").mkdir()
+    (kit / "bin" / "nginx").write_text(NGINX_WRAPPER)
+    (kit / "bin" / "nginx").chmod(0o755)
+
+
 def gather_base(dest: Path, python: str, python_version: str) -> None:
     carried = [spec for spec in setup_specs("REST_SPECS") if requirement_name(spec) not in NODE_HAS]
     pip_download(carried, dest, python_version)
@@ -139,11 +169,8 @@ def gather_base(dest: Path, python: str, python_version: str) -> None:
         if distribution(wheel) in NODE_HAS:
             wheel.unlink()
     complete(dest, python_version)
-    kit = dest / "jpeg-kit"
-    with tempfile.TemporaryDirectory() as debs:
-        run(["apt-get", "download", *JPEG_KIT_PACKAGES], "apt-get download", cwd=debs)
-        for deb in Path(debs).glob("*.deb"):
-            run(["dpkg", "-x", str(deb), str(kit)], f"dpkg -x {deb.name}")
+    unpack_debian_packages(JPEG_KIT_PACKAGES, dest / "jpeg-kit")
+    gather_nginx(dest / "nginx-kit")
     from debian_packages import DebianPackageError, package_root
     from make_sample_data import PHOTO_SOURCES, largest_image
     cache = ROOT / "data" / "sample" / ".debian"

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.atomic_files import replace_atomically, write_bytes_atomic  # noqa: E402
 
 MANIFEST = "MANIFEST.json"
+KITS = ("jpeg-kit", "nginx-kit")     # unpacked Debian packages a group carries beside its wheels
 FORMAT = 3          # 3: xz-compressed groups of stored wheels, cut into chunks, with "transfers"
 
 
@@ -119,8 +120,9 @@ def install_group(name: str, chunks: list[Path], site: Path, root: Path, group_s
                 raise BundleError(f"{name}: pip install failed: {result.stderr.strip().splitlines()[-1][:300]}")
         # A namespace package's __init__ would hide the node's own nvidia.* CUDA libraries.
         (target / "nvidia" / "__init__.py").unlink(missing_ok=True)
-        if (files / "jpeg-kit").is_dir():
-            os.replace(files / "jpeg-kit", target / "jpeg-kit")
+        for kit in KITS:
+            if (files / kit).is_dir():
+                os.replace(files / kit, target / kit)
         if (files / "photos").is_dir():
             cache = root / "data" / "sample" / ".debian"
             for photo in sorted((files / "photos").rglob("*")):
@@ -143,6 +145,9 @@ def environment(site: Path, root: Path, groups) -> dict[str, str]:
     if kit:
         variables |= {"CPATH": f"{kit}/include:{kit}/include/x86_64-linux-gnu",
                       "LIBRARY_PATH": f"{kit}/lib/x86_64-linux-gnu", "LD_LIBRARY_PATH": f"{kit}/lib/x86_64-linux-gnu"}
+    nginx = next((kit for kit in (site / g / "nginx-kit" / "bin" for g in groups) if kit.is_dir()), None)
+    if nginx:
+        variables["PATH"] = str(nginx)
     return variables
 
 
