@@ -67,6 +67,21 @@ class BlockCache:
                 continue
         return os.open(self.get(name, fetch), os.O_RDONLY)
 
+    def present(self, names: list[str]) -> set[str]:
+        """Which of the blocks `names` are in the cache now: a listing of each folder rather than
+        a call for each block (a read-ahead over an epoch already cached asks for all of them)."""
+        wanted: dict[str, dict[str, str]] = {}
+        for name in names:
+            folder, _, file = f"{self.root}/{name}{BLOCK_SUFFIX}".rpartition("/")
+            wanted.setdefault(folder, {})[file] = name
+        found = set()
+        for folder, files in wanted.items():
+            try:
+                found.update(files[entry] for entry in os.listdir(folder) if entry in files)
+            except FileNotFoundError:
+                continue
+        return found
+
     def renew(self, name: str) -> None:
         """Marks block `name` recently used, if it is still there."""
         _renew(self.path(name))
@@ -155,28 +170,34 @@ class OpenBlocks:
         """The fds of the (block name, fetch) wanted, none closed until the context ends."""
         opened = []
         try:
-            for name, fetch in wanted:
-                opened.append(self._hold(name, fetch))
+            with self._lock:        # a batch's blocks are mostly open already: held under one lock
+                if self._pid != os.getpid():        # a forked process: the parent's files are not ours to share
+                    self._files, self._pid = OrderedDict(), os.getpid()
+                now = time.monotonic()
+                for name, _ in wanted:
+                    entry = self._files.get(name)
+                    opened.append(None if entry is None else self._hold_open(name, entry, now))
+            for i, (name, fetch) in enumerate(wanted):
+                if opened[i] is None:
+                    opened[i] = self._open(name, fetch)
             yield [entry.fd for entry in opened]
         finally:
             with self._lock:
                 for entry in opened:
-                    entry.holders -= 1
+                    if entry is not None:
+                        entry.holders -= 1
                 self._close_beyond_capacity()
 
-    def _hold(self, name: str, fetch) -> "_OpenBlock":
-        with self._lock:
-            if self._pid != os.getpid():        # a forked process: the parent's files are not ours to share
-                self._files, self._pid = OrderedDict(), os.getpid()
-            entry = self._files.get(name)
-            if entry is not None:
-                entry.holders += 1
-                self._files.move_to_end(name)
-                now = time.monotonic()
-                if now - entry.renewed > RENEW_SECONDS:
-                    entry.renewed = now
-                    self.cache.renew(name)
-                return entry
+    def _hold_open(self, name: str, entry: "_OpenBlock", now: float) -> "_OpenBlock":
+        """Under the lock: an open block held once more, marked used in the cache if due."""
+        entry.holders += 1
+        self._files.move_to_end(name)
+        if now - entry.renewed > RENEW_SECONDS:
+            entry.renewed = now
+            self.cache.renew(name)
+        return entry
+
+    def _open(self, name: str, fetch) -> "_OpenBlock":
         fd = self.cache.open(name, fetch)       # outside the lock: it may wait for a fetch
         with self._lock:
             entry = self._files.get(name)

@@ -34,6 +34,7 @@ class _Block:
     holders: int = 0
     ready: Future = field(default_factory=Future)
     buffer: np.ndarray | None = None
+    filled: bool = False        # ready, without a Future's lock: read per block, per batch
 
 
 class MemoryBlocks:
@@ -49,6 +50,9 @@ class MemoryBlocks:
         self.peak_bytes = 0
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self._last_use: dict[int, int] = {}
+        # The blocks no plan reads, least recently used first: the only ones `most_bytes` can
+        # let go, kept apart so that letting go is not a walk over every block held
+        self._unplanned: dict[int, None] = {}
         self._lock = threading.Lock()
 
     def plan(self, last_use: dict[int, int]) -> None:
@@ -58,12 +62,14 @@ class MemoryBlocks:
             self._last_use = last_use
             for block in [b for b, held in self._blocks.items() if b not in last_use and not held.holders]:
                 self._drop(block)
+            self._unplanned = {block: None for block in self._blocks if block not in last_use}
 
     def extend_plan(self, last_use: dict[int, int]) -> None:
         """More of the plan (the next epoch's, its batch indices counted on from this one's)."""
         with self._lock:
             for block, index in last_use.items():
                 self._last_use[block] = max(index, self._last_use.get(block, index))
+                self._unplanned.pop(block, None)
 
     def consumed(self, batch_index: int) -> None:
         """Batches up to `batch_index` are made: the blocks only they read are let go."""
@@ -82,11 +88,16 @@ class MemoryBlocks:
         while the context lasts, with the buffers holding them."""
         entries = []
         try:
-            for block, fetch in wanted:
-                entries.append(self._acquire(block, fetch))
+            with self._lock:        # a batch's blocks are mostly here already: held under one lock
+                for block, _ in wanted:
+                    entry = self._blocks.get(block)
+                    entries.append(self._hold(block, entry) if entry is not None and entry.filled else None)
+            for i, (block, fetch) in enumerate(wanted):
+                if entries[i] is None:
+                    entries[i] = self._acquire(block, fetch)
             yield [entry.address for entry in entries], [entry.data for entry in entries]
         finally:
-            self._unhold(entries)
+            self._unhold([entry for entry in entries if entry is not None])
 
     def _acquire(self, block: int, fetch) -> _Block:
         """The block, fetched here or by another thread, held once more."""
@@ -95,7 +106,7 @@ class MemoryBlocks:
             try:
                 if fetching:
                     self._fill(block, entry, fetch)
-                else:
+                elif not entry.filled:
                     entry.ready.result()
                 return entry
             except BaseException:
@@ -117,9 +128,16 @@ class MemoryBlocks:
             fetching = entry is None
             if fetching:
                 entry = self._blocks[block] = _Block(memoryview(b""), 0)
-            self._blocks.move_to_end(block)
-            entry.holders += 1
-            return entry, fetching
+            return self._hold(block, entry), fetching
+
+    def _hold(self, block: int, entry: _Block) -> _Block:
+        """Under the lock: the entry held once more, and used most recently."""
+        self._blocks.move_to_end(block)
+        if block not in self._last_use:
+            self._unplanned.pop(block, None)
+            self._unplanned[block] = None
+        entry.holders += 1
+        return entry
 
     def _fill(self, block: int, entry: _Block, fetch) -> None:
         try:
@@ -128,6 +146,7 @@ class MemoryBlocks:
             with self._lock:                    # the next reader tries again
                 if self._blocks.get(block) is entry:
                     del self._blocks[block]
+                    self._unplanned.pop(block, None)
             entry.ready.set_exception(error)
             raise
         with self._lock:
@@ -139,19 +158,23 @@ class MemoryBlocks:
         with self._lock:
             self.bytes_held += len(data)
             self.peak_bytes = max(self.peak_bytes, self.bytes_held)
+            entry.filled = True
         entry.ready.set_result(None)
 
     def _trim(self) -> None:
-        for block in list(self._blocks):
+        if self.bytes_held <= self.most_bytes:
+            return
+        for block in list(self._unplanned):
             if self.bytes_held <= self.most_bytes:
                 return
             held = self._blocks[block]
-            if not held.holders and held.ready.done() and block not in self._last_use:
+            if not held.holders and held.filled:
                 self._drop(block)
 
     def _drop(self, block: int) -> None:
         entry = self._blocks.pop(block)
-        if entry.ready.done() and entry.ready.exception() is None:
+        self._unplanned.pop(block, None)
+        if entry.filled:
             self.bytes_held -= len(entry.data)
             if len(entry.buffer) == self.buffer_bytes:
                 self._free_buffers.append(entry.buffer)

@@ -29,6 +29,7 @@ from pipeline.block_cache import OpenBlocks, parse_size
 from pipeline.datasets import RemoteDataError, Shard
 from pipeline.memory_blocks import MemoryBlocks
 from pipeline.shard_index import StoredShards
+from pipeline.thread_priority import lower_this_thread
 
 BLOCK_BYTES = 1 << 20
 FETCH_THREADS = 16
@@ -75,6 +76,7 @@ class RemoteShards(StoredShards):
         self.block_shard = np.zeros(blocks, np.int32)
         self.block_shard[self.block_of] = self.shard_of
         self.ahead_bytes = min(AHEAD_BYTES, source.cache.limit // 4)
+        self._block_names: dict[int, str] = {}
         self._reader: _ReadAhead | None = None
         # A split larger than the cache streams through memory: on disk its blocks would be evicted
         # before an epoch came back to them
@@ -84,8 +86,11 @@ class RemoteShards(StoredShards):
             source.cache, max(4, min(OPEN_BLOCKS, source.cache.limit // 4 // block_bytes)))
 
     def block_name(self, block: int) -> str:
-        shard = self.shards[int(self.block_shard[block])]
-        return f"{self.source.dataset}/{shard.object_name}.{self.block_bytes}.{block}"
+        name = self._block_names.get(block)
+        if name is None:
+            shard = self.shards[int(self.block_shard[block])]
+            name = self._block_names[block] = f"{self.source.dataset}/{shard.object_name}.{self.block_bytes}.{block}"
+        return name
 
     def fetch(self, block: int) -> memoryview:
         shard = self.shards[int(self.block_shard[block])]
@@ -142,14 +147,15 @@ class RemoteShards(StoredShards):
         return chunk[image_at - first:image_at - first + image_size], label
 
     def read_ahead(self, plan: list[np.ndarray], start: int,
-                   following: Callable[[], list[np.ndarray]] | None = None) -> None:
+                   following: Callable[[], list[np.ndarray]] | None = None, lowered: bool = False) -> None:
         """Starts fetching the blocks of plan[start:] in the background (stopping any earlier
         read-ahead), and then those that `following()`, the next epoch's plan, reads first, so that
-        an epoch streamed through memory starts without waiting."""
+        an epoch streamed through memory starts without waiting. `lowered`: its threads yield
+        the CPU to the training step's (`pipeline/thread_priority.py`)."""
         self.stop_read_ahead()
         if self._memory is not None:
             self._memory.plan(self._last_uses(plan, start))
-        self._reader = _ReadAhead(self, plan, start, following)
+        self._reader = _ReadAhead(self, plan, start, following, lowered)
 
     def _last_uses(self, plan: list[np.ndarray], start: int, offset: int = 0) -> dict[int, int]:
         """Per block read by plan[start:], the last batch index reading it (plus `offset`)."""
@@ -184,18 +190,17 @@ class _ReadAhead:
     """Fetches a plan's blocks in the order of their first use, a window of batches ahead of the
     consumer. Its failures are dropped: the consumer fetches the block itself and reports them."""
 
-    def __init__(self, shards: RemoteShards, plan: list[np.ndarray], start: int, following=None):
+    def __init__(self, shards: RemoteShards, plan: list[np.ndarray], start: int, following=None,
+                 lowered: bool = False):
         self.shards = shards
         self.position = start
         self.stopped = False
         self.on_next_epoch = False        # submitting the next epoch's blocks: stopping lets those run
+        self.window = 4                   # batches ahead; set from the plan's bytes per batch by the thread
         self._changed = threading.Condition()
-        firsts = self._first_uses(plan, start)
-        sizes = shards.block_end - shards.block_start
-        per_batch = sum(int(sizes[b]) for _, b in firsts) / max(1, len(plan) - start)
-        self.window = max(4, int(shards.ahead_bytes // max(per_batch, 1)))
-        self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="read-ahead")
-        self._thread = threading.Thread(target=self._run, args=(firsts, len(plan), following), daemon=True,
+        self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="read-ahead",
+                                        initializer=lower_this_thread if lowered else None)
+        self._thread = threading.Thread(target=self._run, args=(plan, start, following, lowered), daemon=True,
                                         name="read-ahead")
         self._thread.start()
 
@@ -209,14 +214,24 @@ class _ReadAhead:
                     firsts.append((index + offset, block))
         return firsts
 
-    def _run(self, firsts, length: int, following) -> None:
+    def _run(self, plan: list[np.ndarray], start: int, following, lowered: bool) -> None:
+        # Here, not in the consumer's thread: a walk over the whole plan, at each epoch's start
+        if lowered:
+            lower_this_thread()
+        firsts = self._first_uses(plan, start)
+        sizes = self.shards.block_end - self.shards.block_start
+        per_batch = sum(int(sizes[b]) for _, b in firsts) / max(1, len(plan) - start)
+        self.window = max(4, int(self.shards.ahead_bytes // max(per_batch, 1)))
+        if not self.shards.in_memory:     # the blocks already on disk need nothing (a later epoch, all of them)
+            cached = self.shards.source.cache.present([self.shards.block_name(b) for _, b in firsts])
+            firsts = [(index, block) for index, block in firsts if self.shards.block_name(block) not in cached]
         if not self._submit(firsts):
             return
         if following is not None and self.shards.in_memory:
             # The blocks the next epoch reads first, as many as the read-ahead's bytes allow, kept in
-            # memory past this epoch's end; its batch i is batch length + i of this plan, so the window
+            # memory past this epoch's end; its batch i is batch len(plan) + i of this plan, so the window
             # reaches them only as this epoch ends. A block it reads later is let go after its last use here.
-            firsts = self._first_uses(following()[:self.window], 0, offset=length)
+            firsts = self._first_uses(following()[:self.window], 0, offset=len(plan))
             sizes = np.cumsum([int(self.shards.block_end[b] - self.shards.block_start[b]) for _, b in firsts])
             firsts = firsts[:int(np.searchsorted(sizes, self.shards.ahead_bytes, side="right"))]
             self.shards._memory.extend_plan({block: index for index, block in firsts})

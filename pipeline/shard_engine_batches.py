@@ -20,6 +20,7 @@ from pipeline.prefetch import BufferRing, prefetched
 from pipeline.sample_decode import load_or_report
 from pipeline.shard_index import StoredShards
 from pipeline.spec import LoaderSpec
+from pipeline.thread_priority import lower_this_thread
 
 PREFETCH_BATCHES = 2
 
@@ -59,6 +60,8 @@ class EngineBatches:
     def _batch(self, epoch: int, side: int, ids: np.ndarray, buffer: torch.Tensor):
         """One batch by the engine into `buffer`; the samples it refuses go through Pillow, and
         those Pillow cannot decode either are left out and reported."""
+        if self.device.type == "cuda":
+            lower_this_thread()        # this thread and the engine's, which it makes: below the step's
         started = time.thread_time()
         out = buffer.numpy()
         with self.stored.located(ids) as samples:

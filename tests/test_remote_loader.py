@@ -115,6 +115,25 @@ def test_cache_is_reused_and_bounded(converted_sets, photos_server, tmp_path):
     assert val.stored.source.cache.fetches > 0 and held < train_bytes + val.stored.source.cache.fetched_bytes
 
 
+def test_an_epoch_read_again_fetches_only_the_blocks_gone_from_disk(photos_server, tmp_path):
+    """The read-ahead asks the cache which blocks it holds with a listing per folder
+    (BlockCache.present) and fetches only the others: a block still on disk is not written again."""
+    loader = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=tmp_path, fetch_size="64KiB"))
+    cache = loader.stored.source.cache
+    batches(loader, epoch=0)
+    files = sorted(tmp_path.rglob(f"*{BLOCK_SUFFIX}"))
+    names = [str(f.relative_to(tmp_path))[:-len(BLOCK_SUFFIX)] for f in files]
+    assert len(files) > 10 and cache.present(names) == set(names)
+    gone, kept = files[::3], [f for i, f in enumerate(files) if i % 3]
+    for path in gone:
+        path.unlink()
+    assert cache.present([*names, "no/such/block"]) == {n for i, n in enumerate(names) if i % 3}
+    inodes = {path: path.stat().st_ino for path in kept}
+    batches(loader, epoch=1)
+    assert {path: path.stat().st_ino for path in kept} == inodes     # a fetch writes a new file
+    assert any(path.exists() for path in gone)
+
+
 def test_a_split_larger_than_the_cache_streams_through_memory(converted_sets, photos_server, tmp_path):
     """Its blocks are never written to disk, each is let go once the plan is past it, and the
     batches are still those of local disk."""

@@ -118,7 +118,8 @@ def stages(work: Path, results: Path) -> dict:
     # than the cache is (C), beside local disk (A); named by the cores it had.
     served = f"{{url}}/{Path(LARGE_WDS).name}"
     remote = [PY, "benchmarks/loopback_servers.py", "--serve", str(Path(LARGE_WDS).parent), "--",
-              *compare[:compare.index("--setting")], f"data.cache_dir={work / 'remote-cache'}",
+              *[arg.replace("data.backend=dali", "data.backend=webdataset") for arg in compare[:compare.index("--setting")]],
+              f"data.cache_dir={work / 'remote-cache'}",
               "--setting", "data.backend=webdataset",
               "--setting", f"data.backend=webdataset data.path={served}",
               "--setting", f"data.backend=webdataset data.path={served} data.cache_limit={REMOTE_STREAMED_LIMIT}",
