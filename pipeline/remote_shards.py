@@ -29,7 +29,6 @@ from pipeline.block_cache import OpenBlocks, parse_size
 from pipeline.datasets import RemoteDataError, Shard
 from pipeline.memory_blocks import MemoryBlocks
 from pipeline.shard_index import StoredShards
-from pipeline.thread_priority import lower_this_thread
 
 BLOCK_BYTES = 1 << 20
 FETCH_THREADS = 16
@@ -147,15 +146,14 @@ class RemoteShards(StoredShards):
         return chunk[image_at - first:image_at - first + image_size], label
 
     def read_ahead(self, plan: list[np.ndarray], start: int,
-                   following: Callable[[], list[np.ndarray]] | None = None, lowered: bool = False) -> None:
+                   following: Callable[[], list[np.ndarray]] | None = None) -> None:
         """Starts fetching the blocks of plan[start:] in the background (stopping any earlier
         read-ahead), and then those that `following()`, the next epoch's plan, reads first, so that
-        an epoch streamed through memory starts without waiting. `lowered`: its threads yield
-        the CPU to the training step's (`pipeline/thread_priority.py`)."""
+        an epoch streamed through memory starts without waiting."""
         self.stop_read_ahead()
         if self._memory is not None:
             self._memory.plan(self._last_uses(plan, start))
-        self._reader = _ReadAhead(self, plan, start, following, lowered)
+        self._reader = _ReadAhead(self, plan, start, following)
 
     def _last_uses(self, plan: list[np.ndarray], start: int, offset: int = 0) -> dict[int, int]:
         """Per block read by plan[start:], the last batch index reading it (plus `offset`)."""
@@ -190,17 +188,15 @@ class _ReadAhead:
     """Fetches a plan's blocks in the order of their first use, a window of batches ahead of the
     consumer. Its failures are dropped: the consumer fetches the block itself and reports them."""
 
-    def __init__(self, shards: RemoteShards, plan: list[np.ndarray], start: int, following=None,
-                 lowered: bool = False):
+    def __init__(self, shards: RemoteShards, plan: list[np.ndarray], start: int, following=None):
         self.shards = shards
         self.position = start
         self.stopped = False
         self.on_next_epoch = False        # submitting the next epoch's blocks: stopping lets those run
         self.window = 4                   # batches ahead; set from the plan's bytes per batch by the thread
         self._changed = threading.Condition()
-        self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="read-ahead",
-                                        initializer=lower_this_thread if lowered else None)
-        self._thread = threading.Thread(target=self._run, args=(plan, start, following, lowered), daemon=True,
+        self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="read-ahead")
+        self._thread = threading.Thread(target=self._run, args=(plan, start, following), daemon=True,
                                         name="read-ahead")
         self._thread.start()
 
@@ -214,10 +210,8 @@ class _ReadAhead:
                     firsts.append((index + offset, block))
         return firsts
 
-    def _run(self, plan: list[np.ndarray], start: int, following, lowered: bool) -> None:
+    def _run(self, plan: list[np.ndarray], start: int, following) -> None:
         # Here, not in the consumer's thread: a walk over the whole plan, at each epoch's start
-        if lowered:
-            lower_this_thread()
         firsts = self._first_uses(plan, start)
         sizes = self.shards.block_end - self.shards.block_start
         per_batch = sum(int(sizes[b]) for _, b in firsts) / max(1, len(plan) - start)

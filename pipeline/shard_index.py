@@ -108,10 +108,9 @@ class StoredShards:
             ids = np.concatenate([ids, rest[rank::world][:len(rest) // world]])
         return ids
 
-    def read_ahead(self, plan: list[np.ndarray], start: int, following=None, lowered: bool = False) -> None:
+    def read_ahead(self, plan: list[np.ndarray], start: int, following=None) -> None:
         """An epoch's plan is about to be read from batch `start` on (and `following()` gives the
-        next one's); a reader that fetches ahead (pipeline/remote_shards.py) starts here, its
-        threads `lowered` below the training step's when it feeds a GPU."""
+        next one's); a reader that fetches ahead (pipeline/remote_shards.py) starts here."""
 
     def stop_read_ahead(self) -> None:
         pass

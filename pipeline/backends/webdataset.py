@@ -53,8 +53,7 @@ class WebDatasetLoader(Loader):
         return len(self._plan)
 
     def _batches(self, epoch: int, start: int):
-        self.stored.read_ahead(self._plan, start, following=lambda: self.stored.epoch_batches(self.spec, epoch + 1),
-                               lowered=self.device.type == "cuda")
+        self.stored.read_ahead(self._plan, start, following=lambda: self.stored.epoch_batches(self.spec, epoch + 1))
         try:
             yield from self._decoded_batches(epoch, start)
         finally:
