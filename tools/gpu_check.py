@@ -109,18 +109,18 @@ def stages(work: Path, results: Path) -> dict:
                     ("e2e-176-webdataset", ["--epoch", "35", "compile=true", "data.backend=webdataset"])]
     # The settings that might bring 176 px to the target, side by side in alternating rounds
     # (tools/compare_settings.py); 20 + 150 steps stay within photos-large's 179-batch epoch.
-    compare = [PY, "tools/compare_settings.py", "--config", f"{RECIPES}/resnet50_mild.yaml", *on_large,
-               "compile=true", "--epoch", "35", "--rounds", "3", "--steps", "150", "--warmup", "20",
-               *[arg for setting in COMPARED_SETTINGS for arg in ("--setting", setting)],
+    def rounds_at_176(backend: str) -> list[str]:
+        return [PY, "tools/compare_settings.py", "--config", f"{RECIPES}/resnet50_mild.yaml", f"data.path={LARGE_WDS}",
+                f"data.backend={backend}", f"data.num_workers={cores}", "compile=true", "--epoch", "35",
+                "--rounds", "3", "--steps", "150", "--warmup", "20"]
+    compare = [*rounds_at_176("dali"), *[arg for setting in COMPARED_SETTINGS for arg in ("--setting", setting)],
                "--json", str(work / "e2e-compare.json")]
     # The same conversion from loopback nginx (benchmarks/loopback_servers.py): kept in the node's
     # cache after the first pass (B), and streamed through memory every pass as a dataset larger
     # than the cache is (C), beside local disk (A); named by the cores it had.
     served = f"{{url}}/{Path(LARGE_WDS).name}"
-    compare_common = compare[:compare.index("--setting")]
     remote = [PY, "benchmarks/loopback_servers.py", "--serve", str(Path(LARGE_WDS).parent), "--",
-              *[arg.replace("data.backend=dali", "data.backend=webdataset") for arg in compare_common],
-              f"data.cache_dir={work / 'remote-cache'}",
+              *rounds_at_176("webdataset"), f"data.cache_dir={work / 'remote-cache'}",
               "--setting", "data.backend=webdataset",
               "--setting", f"data.backend=webdataset data.path={served}",
               "--setting", f"data.backend=webdataset data.path={served} data.cache_limit={REMOTE_STREAMED_LIMIT}",
