@@ -105,25 +105,15 @@ class ObjectStore:
         self.shown = redact(self.url)
         self.requests = self.bytes_read = 0       # made and received by this process, for the benchmarks
         self._counter_lock = threading.Lock()
-        scheme = urlsplit(url).scheme.lower()
-        retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=60),
-                 "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5),
-                             "base": 2}}
-        # A stalled request is abandoned after timeout_s and retried like a failed one.
-        options = {"timeout": f"{timeout_s:g}s", "connect_timeout": "5s"}
-        # Plain http only where the user named it: an http:// URL or an http:// S3 endpoint.
-        if scheme == "http" or (scheme == "s3" and _s3_env().get("aws_endpoint", "").startswith("http://")):
-            options["allow_http"] = True
+        # Kept for the fetch process of a streamed split (pipeline/shared_blocks.py), which opens its own
+        self.options = store_options(self.url, retries, timeout_s)
         try:
-            kwargs = {"client_options": options, "retry_config": retry}
-            if scheme == "s3":
-                self.client = from_url(self.url, config=_s3_env(), **kwargs)
-            else:
-                self.client = from_url(self.url, **kwargs)
+            self.client = from_url(self.url, **self.options)
         except Exception as error:  # obstore raises its own classes and ValueError for a bad URL
             raise RemoteDataError(f"{self.shown}: cannot open ({describe_error(error)})") from None
 
-    def _count(self, requests: int, size: int) -> None:
+    def count(self, requests: int, size: int) -> None:
+        """Adds requests made and bytes received (by this process or its fetch process)."""
         with self._counter_lock:
             self.requests += requests
             self.bytes_read += size
@@ -146,7 +136,7 @@ class ObjectStore:
             data = bytes(obstore.get(self.client, name).bytes())
         except Exception as error:
             raise _error(self.where(name), error) from None
-        self._count(1, len(data))
+        self.count(1, len(data))
         return data
 
     def read_ranges(self, name: str, ranges: list[tuple[int, int]]) -> list[memoryview]:
@@ -172,7 +162,7 @@ class ObjectStore:
                 break
         else:
             raise RemoteDataError(f"{self.where(name)}: responses shorter than the ranges asked for, twice")
-        self._count(len(pieces), sum(map(len, pieces)))
+        self.count(len(pieces), sum(map(len, pieces)))
         out = []
         for start, end in ranges:
             i = _containing(starts, start)
@@ -199,6 +189,21 @@ def _obstore():
 def _containing(starts: list[int], position: int) -> int:
     """The index of the merged range that holds `position`."""
     return bisect.bisect_right(starts, position) - 1
+
+
+def store_options(url: str, retries: int, timeout_s: float) -> dict:
+    """obstore's `from_url` keyword arguments for the URL: retries with backoff, a stalled request
+    abandoned after timeout_s and retried, plain http only where the user named it."""
+    scheme = urlsplit(url).scheme.lower()
+    retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=60),
+             "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5), "base": 2}}
+    options = {"timeout": f"{timeout_s:g}s", "connect_timeout": "5s"}
+    if scheme == "http" or (scheme == "s3" and _s3_env().get("aws_endpoint", "").startswith("http://")):
+        options["allow_http"] = True
+    kwargs = {"client_options": options, "retry_config": retry}
+    if scheme == "s3":
+        kwargs["config"] = _s3_env()
+    return kwargs
 
 
 def _s3_env() -> dict:

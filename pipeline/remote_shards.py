@@ -8,15 +8,20 @@ sample lies in one block: the decode engine reads it from there as it reads a ta
 batches are bit for bit those of the same shards on local disk. Where the blocks are kept:
 - a split that fits in the cache's limit: in the node's cache on disk (`pipeline/block_cache.py`),
   where later epochs find them; their files are kept open while batches read them;
-- a larger one: in memory, while the epoch's plan still needs them (`pipeline/memory_blocks.py`).
+- a larger one: in memory, while the epoch's plan still needs them, fetched by a process of its
+  own into memory shared with this one (`pipeline/shared_blocks.py`), so that fetching takes no
+  turns of this process's GIL from the training step. A block that process does not give (one it
+  failed to fetch, one read outside the plan) is fetched here and kept in `pipeline/memory_blocks.py`.
 
-Read-ahead: when an epoch starts, a thread walks the epoch's plan and fetches the blocks of the
-coming batches, FETCH_THREADS requests at once, staying at most `ahead_bytes` ahead of the
-batch being consumed, so latency is hidden and the cache is never flooded.
+Read-ahead: when an epoch starts, the blocks of the coming batches are fetched in the order of
+their first use, FETCH_THREADS requests at once, at most `ahead_bytes` ahead of the batch being
+consumed, so latency is hidden and the cache is never flooded: by that process in memory, by a
+thread here (`_ReadAhead`) into the cache on disk.
 """
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -28,12 +33,15 @@ from pipeline import decode_engine
 from pipeline.block_cache import OpenBlocks, parse_size
 from pipeline.datasets import RemoteDataError, Shard
 from pipeline.memory_blocks import MemoryBlocks
+from pipeline.shared_blocks import SharedBlocks, block_uses, most_held
 from pipeline.shard_index import StoredShards
 
 BLOCK_BYTES = 1 << 20
 FETCH_THREADS = 16
 AHEAD_BYTES = 256 << 20        # at most; a quarter of the cache's limit where that is less
 OPEN_BLOCKS = 512              # block files kept open when no batch holds them
+MIN_WINDOW = 4                 # batches: more than the engine makes ahead of the one handed out
+SPARE_SLOTS = 1.25             # over the first plan's most blocks held: later epochs' shuffles differ
 
 
 def sample_spans(members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -81,6 +89,9 @@ class RemoteShards(StoredShards):
         # before an epoch came back to them
         self.in_memory = int((self.block_end - self.block_start).sum()) > source.cache.limit
         self._memory = MemoryBlocks(self.ahead_bytes, block_bytes) if self.in_memory else None
+        self._shared: SharedBlocks | None = None      # started at the first epoch, sized from its plan
+        self._shared_failed = False
+        self._base, self._plan_length = 0, 0          # where this plan's batch 0 lies, counted across epochs
         self._open = None if self.in_memory else OpenBlocks(
             source.cache, max(4, min(OPEN_BLOCKS, source.cache.limit // 4 // block_bytes)))
 
@@ -111,7 +122,16 @@ class RemoteShards(StoredShards):
         """The blocks, fetched where need be, while the context lasts: (fds, None), the file
         descriptors of their files in the cache (kept open after), or (None, (addresses, buffers))
         of the memory holding them."""
-        if self._memory is not None:
+        if self._shared is not None:
+            addresses = self._shared.addresses(np.asarray(blocks, np.int64))
+            missing = [i for i, address in enumerate(addresses.tolist()) if not address]
+            if not missing:
+                yield None, (addresses, None)
+                return
+            with self._memory.held([(blocks[i], lambda block=blocks[i]: self.fetch(block)) for i in missing]) as held:
+                addresses[missing] = held[0]
+                yield None, (addresses, None)
+        elif self._memory is not None:
             with self._memory.held([(block, lambda block=block: self.fetch(block)) for block in blocks]) as held:
                 yield None, held
         else:
@@ -137,11 +157,16 @@ class RemoteShards(StoredShards):
         base = int(self.block_start[block])
         image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
         first, end = min(image_at, label_at), max(image_at + image_size, label_at + 4)
-        with self._holding([block]) as (fds, in_memory):
-            if in_memory is None:
+        # In the fetch process's memory, the block stays while the batch reading the sample is not handed out
+        shared = self._shared.view(block) if self._shared and self._shared.addresses(np.array([block]))[0] else None
+        if shared is not None:
+            chunk = bytes(shared[first - base:end - base])
+        elif self._memory is not None:
+            with self._memory.held([(block, lambda: self.fetch(block))]) as (_, buffers):
+                chunk = bytes(buffers[0][first - base:end - base])
+        else:
+            with self._holding([block]) as (fds, _):
                 chunk = os.pread(fds[0], end - first, first - base)
-            else:
-                chunk = bytes(in_memory[1][0][first - base:end - base])
         label = int.from_bytes(chunk[label_at - first:label_at - first + 4], "little", signed=True)
         return chunk[image_at - first:image_at - first + image_size], label
 
@@ -151,9 +176,69 @@ class RemoteShards(StoredShards):
         read-ahead), and then those that `following()`, the next epoch's plan, reads first, so that
         an epoch streamed through memory starts without waiting."""
         self.stop_read_ahead()
+        self._base, self._plan_length = self._base + self._plan_length, len(plan)
         if self._memory is not None:
             self._memory.plan(self._last_uses(plan, start))
+            order, first, last, window = self._shared_plan(plan, start, following)
+            if self._shared is None and not self._shared_failed:
+                self._start_shared(first, last, window)
+            if self._shared is not None:
+                try:
+                    self._shared.plan(order, first, last, window, position=self._base + start - 1)
+                    return
+                except OSError:     # it ended: told below
+                    pass
+                self._shared_gone()
         self._reader = _ReadAhead(self, plan, start, following)
+
+    def _window(self, plan: list[np.ndarray], start: int, order: np.ndarray) -> int:
+        """Batches to read ahead: as many as `ahead_bytes` hold of the plan's bytes per batch."""
+        per_batch = int((self.block_end[order] - self.block_start[order]).sum()) / max(1, len(plan) - start)
+        return max(MIN_WINDOW, int(self.ahead_bytes // max(per_batch, 1)))
+
+    def _shared_plan(self, plan: list[np.ndarray], start: int, following):
+        """(blocks in first-use order, first uses, last uses, window) of plan[start:], counted from
+        this plan's base, then of the next epoch's first batches as far as `ahead_bytes` goes, so that
+        the next epoch starts without waiting."""
+        order, first, last = block_uses(self.block_of, plan[start:], self._base + start)
+        window = self._window(plan, start, order)
+        if following is not None:
+            next_order, next_first, next_last = block_uses(self.block_of, following()[:window], self._base + len(plan))
+            # as many of its blocks as the read-ahead's bytes hold, in the order of their first use
+            sizes = np.cumsum(self.block_end[next_order] - self.block_start[next_order])
+            taken = int(np.searchsorted(sizes, self.ahead_bytes, side="right"))
+            next_order, next_first, next_last = next_order[:taken], next_first[:taken], next_last[:taken]
+            held_on = np.isin(next_order, order)         # read by this plan too: kept until the next one's use
+            last_of = dict(zip(order.tolist(), last.tolist()))
+            last_of.update(zip(next_order[held_on].tolist(), next_last[held_on].tolist()))
+            last = np.fromiter((last_of[block] for block in order.tolist()), np.int64, len(order))
+            order = np.concatenate([order, next_order[~held_on]])
+            first = np.concatenate([first, next_first[~held_on]])
+            last = np.concatenate([last, next_last[~held_on]])
+        return order, first, last, window
+
+    def _start_shared(self, first: np.ndarray, last: np.ndarray, window: int) -> None:
+        """The fetch process, its slots sized from the first plan; where it cannot start, the blocks
+        are fetched by threads here, as for the disk cache."""
+        slots = int(most_held(first, last, window) * SPARE_SLOTS) + MIN_WINDOW * FETCH_THREADS
+        store = self.source.store
+        try:
+            self._shared = SharedBlocks(store.url, store.options, [shard.object_name for shard in self.shards],
+                                        self.block_shard, self.block_start, self.block_end, self.block_bytes,
+                                        slots, FETCH_THREADS)
+        except OSError as error:
+            self._shared_failed = True
+            print(f"[loader] fetching in this process: the fetch process did not start ({error})",
+                  file=sys.stderr, flush=True)
+
+    def _shared_gone(self) -> None:
+        """The fetch process ended under us (killed, out of memory): threads here fetch from now on."""
+        code = self._shared.process.poll()
+        print(f"[loader] the fetch process ended (exit status {code}); fetching in this process from here on",
+              file=sys.stderr, flush=True)
+        self.source.store.count(*self._shared.counted())
+        self._shared.close()
+        self._shared, self._shared_failed = None, True
 
     def _last_uses(self, plan: list[np.ndarray], start: int, offset: int = 0) -> dict[int, int]:
         """Per block read by plan[start:], the last batch index reading it (plus `offset`)."""
@@ -167,6 +252,9 @@ class RemoteShards(StoredShards):
         and in memory the blocks no later batch reads are let go."""
         if self._reader is not None:
             self._reader.advance(batch_index)
+        if self._shared is not None:
+            self._shared.at(self._base + batch_index)
+            self.source.store.count(*self._shared.counted())
         if self._memory is not None:
             self._memory.consumed(batch_index)
 
@@ -179,6 +267,10 @@ class RemoteShards(StoredShards):
         self.stop_read_ahead()
         if getattr(self, "_open", None) is not None:
             self._open.close()
+        if getattr(self, "_shared", None) is not None:
+            self.source.store.count(*self._shared.counted())
+            self._shared.close()
+            self._shared = None
         super().close()
 
     __del__ = close

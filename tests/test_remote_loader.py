@@ -7,6 +7,8 @@ from __future__ import annotations
 import multiprocessing
 import shutil
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -135,31 +137,63 @@ def test_an_epoch_read_again_fetches_only_the_blocks_gone_from_disk(photos_serve
 
 
 def test_a_split_larger_than_the_cache_streams_through_memory(converted_sets, photos_server, tmp_path):
-    """Its blocks are never written to disk, each is let go once the plan is past it, and the
-    batches are still those of local disk."""
+    """Its blocks are fetched by a process of their own into shared memory, never written to disk,
+    each let go once the plan is past it, and the batches are still those of local disk."""
     url = f"{photos_server.url}/photos_wds"
     local = build_loader(spec(converted_sets["photos"]["webdataset"]))
     split_bytes = int(np.subtract(*sample_spans(local.stored.members)[::-1]).sum())
     remote = build_loader(spec(url, cache_dir=tmp_path, cache_limit=split_bytes // 2, fetch_size="64KiB"))
-    memory, store = remote.stored._memory, remote.stored.source.store
+    store = remote.stored.source.store
     assert remote.stored.in_memory
     requests = [0]
     for epoch in (0, 1):
         assert_same(batches(local, epoch), batches(remote, epoch))
+        shared = remote.stored._shared
         requests.append(store.requests)
-        # Each block is let go after the last batch that reads it; what is still held is the next
-        # epoch's first blocks, fetched while this one ended, as many as the read-ahead's bytes allow
+        # What is held once the fetcher has caught up with the end of the epoch: the next epoch's
+        # first blocks, fetched while this one ended, as many as the read-ahead's bytes allow
         next_plan = [remote.stored.block_of[ids].tolist() for ids in remote.stored.epoch_batches(remote.spec, epoch + 1)]
-        held = set(memory._blocks)
-        assert held and next_plan[0][0] in held and held <= set(sum(next_plan, []))
-        assert memory.bytes_held <= remote.stored.ahead_bytes
+        held = wait_for(lambda: shared.held_blocks() if next_plan[0][0] in shared.held_blocks()
+                        and shared.held_blocks() <= set(sum(next_plan, [])) else None)
+        assert held and shared.bytes_held <= remote.stored.ahead_bytes
     assert requests[-1] > len(remote.stored.block_start)      # blocks let go were fetched again
-    # the read-ahead's window and the blocks of the batches being made
-    assert 0 < memory.peak_bytes <= remote.stored.ahead_bytes + 2 * 16 * remote.stored.block_bytes < split_bytes
+    # the read-ahead's window and the blocks of the batches being made, within the slots
+    assert 0 < shared.peak_bytes <= remote.stored.ahead_bytes + 2 * 16 * remote.stored.block_bytes < split_bytes
+    assert shared.peak_bytes <= shared.slots * shared.slot_bytes
     assert not list(tmp_path.rglob(f"*{BLOCK_SUFFIX}"))
     # resumed mid-epoch, and a sample read alone (Pillow's fallback, DALI's source)
     assert_same(batches(local, epoch=1, start=3), batches(remote, epoch=1, start=3))
     assert remote.stored.read(5) == local.stored.read(5)
+    fetcher = shared.process
+    remote.stored.close()
+    assert fetcher.poll() == 0          # told to stop, it ended
+
+
+def test_blocks_the_fetch_process_cannot_give_are_fetched_here(converted_sets, photos_server, tmp_path):
+    """Should the fetch process die, or not get a block, the loader fetches the blocks itself:
+    the batches are the same and nothing is left waiting."""
+    url = f"{photos_server.url}/photos_wds"
+    local = build_loader(spec(converted_sets["photos"]["webdataset"]))
+    remote = build_loader(spec(url, cache_dir=tmp_path, cache_limit=1, fetch_size="64KiB"))
+    assert_same(batches(local, 0)[:2], batches(remote, 0)[:2])
+    shared = remote.stored._shared
+    shared.process.kill()
+    shared.process.wait()
+    before = remote.stored.source.store.requests
+    assert_same(batches(local, 1), batches(remote, 1))
+    assert remote.stored.source.store.requests > before       # fetched here
+    assert not shared.alive
+
+
+def wait_for(condition, limit_s: float = 30.0):
+    """condition()'s first true value, asked again until it comes (an event another process makes)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"not true within {limit_s} s: {condition}")
 
 
 def _one_epoch(url: str, cache_dir: str, out) -> None:

@@ -1,0 +1,194 @@
+"""The blocks of a split streamed through memory, fetched by a process of their own
+(`pipeline/block_fetcher.py`) into memory shared with this one. Here: starting it, giving it each
+epoch's plan and the loader's position, and the addresses of the blocks a batch reads.
+
+A batch's blocks are found by their state in shared memory: no lock, no thread, no message.
+A block the fetcher has not got is waited for while it is on its way; one it failed to fetch,
+one larger than a slot, or one not in the plan (or all of them, should the fetcher die) is left to
+the caller, which fetches it in this process.
+
+The slots are sized from the first plan: the most blocks any position holds, from their first
+batch less the window to their last, with room to spare; a later plan that needs more gets a
+shorter window. What the fetcher holds is bounded as `pipeline/memory_blocks.py` bounds it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import block_fetcher
+from pipeline.block_fetcher import ABSENT, BYTES, FETCHING, HEADER_WORDS, PEAK_BYTES, POSITION, READY, REQUESTS
+
+FETCHER = Path(block_fetcher.__file__)
+START_PATIENCE_S = 20       # for the fetcher to start (a cold interpreter on a busy node)
+ISSUE_PATIENCE_S = 2        # for it to begin fetching a block of the plan it has not begun yet
+SPARE_SLOTS = 1.25
+
+
+def block_uses(block_of: np.ndarray, batches: list[np.ndarray], offset: int = 0):
+    """(blocks in the order of their first use, first use, last use) over `batches`, batch i
+    counted as offset + i."""
+    if not batches:
+        empty = np.empty(0, np.int64)
+        return empty, empty, empty
+    lengths = np.fromiter(map(len, batches), np.int64, len(batches))
+    blocks = block_of[np.concatenate(batches)]
+    batch = np.repeat(np.arange(offset, offset + len(batches), dtype=np.int64), lengths)
+    order, first_at = np.unique(blocks, return_index=True)
+    by_first = np.argsort(first_at, kind="stable")
+    last = np.full(int(blocks.max()) + 1, -1, np.int64)
+    np.maximum.at(last, blocks, batch)
+    order = order[by_first]
+    return order, batch[first_at[by_first]], last[order]
+
+
+def most_held(first: np.ndarray, last: np.ndarray, window: int) -> int:
+    """The most blocks held at once when each is fetched `window` batches before its first use
+    and let go after its last: the slots that window needs."""
+    if not len(first):
+        return 0
+    lo = first - window - first.min() + window
+    counts = np.zeros(int(last.max() - first.min()) + window + 2, np.int64)
+    np.add.at(counts, lo, 1)
+    np.add.at(counts, last - first.min() + window, -1)
+    return int(np.cumsum(counts).max())
+
+
+class SharedBlocks:
+    def __init__(self, url: str, store_options: dict, names: list[str], block_shard: np.ndarray,
+                 block_start: np.ndarray, block_end: np.ndarray, slot_bytes: int, slots: int, concurrency: int):
+        self.slot_bytes, self.slots = slot_bytes, slots
+        self.block_sizes = block_end - block_start
+        self._pid = os.getpid()
+        self._memory_fd = os.memfd_create("fastpipe-blocks", os.MFD_CLOEXEC)
+        states_at, arena_at, total = block_fetcher.layout(len(block_start), slots, slot_bytes)
+        os.ftruncate(self._memory_fd, total)
+        import mmap
+        self._memory = mmap.mmap(self._memory_fd, total)
+        self.header = np.ndarray(HEADER_WORDS, np.int64, self._memory, 0)
+        self.state = np.ndarray(len(block_start), np.int32, self._memory, states_at)
+        self.state[:] = ABSENT
+        self._arena = np.ndarray(slots * slot_bytes, np.uint8, self._memory, arena_at)
+        self.arena_address = self._arena.ctypes.data
+        self.planned = np.zeros(len(block_start), bool)
+        ours, theirs = socket.socketpair()
+        self._control = Connection(ours.detach())
+        wake_read, self._wake = os.pipe()
+        os.set_blocking(self._wake, False)
+        fds = (theirs.fileno(), wake_read, self._memory_fd)
+        self.process = subprocess.Popen([sys.executable, "-P", str(FETCHER), *map(str, fds)], pass_fds=fds,
+                                        stdin=subprocess.DEVNULL, close_fds=True)
+        theirs.close()
+        os.close(wake_read)
+        self._control.send(("setup", dict(url=url, store_options=store_options, names=names,
+                                           block_shard=block_shard, block_start=block_start, block_end=block_end,
+                                           slot_bytes=slot_bytes, concurrency=concurrency, slots=slots)))
+        self._started = time.monotonic()
+        self._counted = (0, 0)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def plan(self, order: np.ndarray, first: np.ndarray, last: np.ndarray, window: int, position: int) -> None:
+        """The fetcher's plan from here on (blocks larger than a slot are left out), the loader at
+        `position`; the window shrinks where the slots would not hold it."""
+        fits = self.block_sizes[order] <= self.slot_bytes
+        order, first, last = order[fits], first[fits], last[fits]
+        while window > 1 and most_held(first, last, window) > self.slots:
+            window //= 2
+        self.planned[:] = False
+        self.planned[order] = True
+        self.header[POSITION] = position
+        self._control.send(("plan", order, first, last, window))
+
+    def at(self, position: int) -> None:
+        """The loader has handed out batch `position`: the fetcher may go on, and let go of the
+        blocks only the batches up to it read."""
+        self.header[POSITION] = position
+        try:
+            os.write(self._wake, b"\0")
+        except BlockingIOError:       # the pipe is full of wake-ups the fetcher has yet to read
+            pass
+        except BrokenPipeError:       # it ended: the blocks are fetched here (`addresses` gives 0)
+            pass
+
+    def addresses(self, blocks: np.ndarray) -> np.ndarray:
+        """The address of each block's bytes, waiting for those on their way; 0 where the caller is
+        to fetch the block itself."""
+        states = self.state[blocks]
+        if (states < 0).any():
+            states = self._wait(blocks, states)
+        return np.where(states >= 0, self.arena_address + states.astype(np.int64) * self.slot_bytes, 0).astype(np.uint64)
+
+    def view(self, block: int) -> memoryview | None:
+        """The block's bytes where the fetcher has them, else None."""
+        state = int(self.state[block])
+        if state < 0:
+            return None
+        return memoryview(self._arena)[state * self.slot_bytes:state * self.slot_bytes + int(self.block_sizes[block])]
+
+    def _wait(self, blocks: np.ndarray, states: np.ndarray) -> np.ndarray:
+        waited_from, pause, checked = time.monotonic(), 0.0002, time.monotonic()
+        while True:
+            now = time.monotonic()
+            ready = self.header[READY] or now - self._started > START_PATIENCE_S
+            issue_patience = ISSUE_PATIENCE_S if ready else START_PATIENCE_S
+            pending = (states == FETCHING) | ((states == ABSENT) & self.planned[blocks] &
+                                              (now - waited_from < issue_patience))
+            if not pending.any():
+                return states
+            if now - checked > 0.1:
+                checked = now
+                if not self.alive:
+                    return np.minimum(states, ABSENT)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+            states = self.state[blocks]
+
+    def counted(self) -> tuple[int, int]:
+        """(requests, bytes) the fetcher made since the last call."""
+        now = int(self.header[REQUESTS]), int(self.header[BYTES])
+        delta = now[0] - self._counted[0], now[1] - self._counted[1]
+        self._counted = now
+        return delta
+
+    @property
+    def bytes_held(self) -> int:
+        return int(self.header[block_fetcher.HELD_BYTES])
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.header[PEAK_BYTES])
+
+    def held_blocks(self) -> set[int]:
+        return set(np.flatnonzero(self.state >= 0).tolist())
+
+    def close(self) -> None:
+        if os.getpid() != self._pid or self._memory is None:      # a forked child's copy: not its to close
+            return
+        try:
+            self._control.send(("stop",))
+        except OSError:       # it ended already
+            pass
+        self._control.close()
+        os.close(self._wake)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.header = self.state = self._arena = None
+        try:
+            self._memory.close()
+        except BufferError:      # a view of a block is still held somewhere: the mapping goes with it
+            pass
+        self._memory = None
+        os.close(self._memory_fd)
