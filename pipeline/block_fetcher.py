@@ -5,10 +5,11 @@ process, and lets a slot go once the loader is past the last batch that reads it
 
 Why a process of its own: a fetch costs little CPU, but in the training process each one is a
 few turns of the GIL in a fetch thread, and the training step's thread waits for those turns.
-With sixteen fetch threads a paced pure-Python step of 4 ms took 5.1-5.5 ms on average beside
-the loader streaming photos-large, against 4.0 ms beside the same loader reading local disk
-(2-core Intel Xeon). Here the GIL is the fetcher's own; the training process only reads slot
-numbers from shared memory.
+Beside the loader streaming photos-large with sixteen fetch threads, a paced pure-Python step's
+thread waited 4.9 times a step (voluntary switches), against 2.0 beside the loader reading local
+disk and 1.9-2.0 with this process (2-core Intel Xeon). Here the GIL is the fetcher's own; the
+training process only reads slot numbers from shared memory. (On those 2 cores the step was
+still stretched, now by this process's CPU rather than by the GIL: 4.6-4.9 ms for 4 ms.)
 
 It imports the standard library, numpy and obstore alone (the `pipeline` package imports
 torch), so it starts in a fraction of a second: `python -P block_fetcher.py CONTROL WAKE MEMORY`,

@@ -158,7 +158,7 @@ class RemoteShards(StoredShards):
         image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
         first, end = min(image_at, label_at), max(image_at + image_size, label_at + 4)
         # In the fetch process's memory, the block stays while the batch reading the sample is not handed out
-        shared = self._shared.view(block) if self._shared and self._shared.addresses(np.array([block]))[0] else None
+        shared = self._shared.view(block) if self._shared is not None and self._shared.addresses(np.array([block]))[0] else None
         if shared is not None:
             chunk = bytes(shared[first - base:end - base])
         elif self._memory is not None:
@@ -179,16 +179,16 @@ class RemoteShards(StoredShards):
         self._base, self._plan_length = self._base + self._plan_length, len(plan)
         if self._memory is not None:
             self._memory.plan(self._last_uses(plan, start))
-            order, first, last, window = self._shared_plan(plan, start, following)
-            if self._shared is None and not self._shared_failed:
-                self._start_shared(first, last, window)
-            if self._shared is not None:
-                try:
-                    self._shared.plan(order, first, last, window, position=self._base + start - 1)
-                    return
-                except OSError:     # it ended: told below
-                    pass
-                self._shared_gone()
+            if not self._shared_failed:
+                order, first, last, window = self._shared_plan(plan, start, following)
+                if self._shared is None:
+                    self._start_shared(first, last, window)
+                if self._shared is not None:
+                    try:
+                        self._shared.plan(order, first, last, window, position=self._base + start - 1)
+                        return
+                    except OSError:     # it ended
+                        self._shared_gone()
         self._reader = _ReadAhead(self, plan, start, following)
 
     def _window(self, plan: list[np.ndarray], start: int, order: np.ndarray) -> int:

@@ -29,7 +29,6 @@ from pipeline.block_fetcher import ABSENT, BYTES, FETCHING, HEADER_WORDS, PEAK_B
 FETCHER = Path(block_fetcher.__file__)
 START_PATIENCE_S = 20       # for the fetcher to start (a cold interpreter on a busy node)
 ISSUE_PATIENCE_S = 2        # for it to begin fetching a block of the plan it has not begun yet
-SPARE_SLOTS = 1.25
 
 
 def block_uses(block_of: np.ndarray, batches: list[np.ndarray], offset: int = 0):
