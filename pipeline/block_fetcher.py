@@ -72,10 +72,10 @@ class Fetcher:
         self.slot_of: dict[int, int] = {}            # blocks held or being fetched
         self.order, self.first, self.next, self.window = np.empty(0, np.int64), np.empty(0, np.int64), 0, 0
         self.last_use: dict[int, int] = {}
-        self.releases: list[tuple[int, int]] = []    # (last use, block): a heap
+        self.let_go_at: list[tuple[int, int]] = []    # (last use, block): a heap
         self.in_flight = 0
-        # Slot bytes are written before the block's state names the slot; the lock's acquire and
-        # release order the two for a reader in another process (a store barrier where CPUs reorder)
+        # Slot bytes are written before the block's state names the slot; taking and leaving the lock
+        # orders the two for a reader in another process (a store barrier where CPUs reorder)
         self._fence = threading.Lock()
         self.done: asyncio.Event | None = None
 
@@ -109,13 +109,13 @@ class Fetcher:
         """A new plan replaces the last: blocks it does not read are let go at the next pump."""
         self.order, self.first, self.next, self.window = order, first, 0, window
         self.last_use = dict(zip(order.tolist(), last.tolist()))
-        self.releases = [(self.last_use.get(block, -1), block) for block in self.slot_of]
-        heapq.heapify(self.releases)
+        self.let_go_at = [(self.last_use.get(block, -1), block) for block in self.slot_of]
+        heapq.heapify(self.let_go_at)
 
     def _pump(self) -> None:
         position = int(self.header[POSITION])
-        while self.releases and self.releases[0][0] <= position:
-            _, block = heapq.heappop(self.releases)
+        while self.let_go_at and self.let_go_at[0][0] <= position:
+            _, block = heapq.heappop(self.let_go_at)
             if block in self.slot_of and self.state[block] != FETCHING and self.last_use.get(block, -1) <= position:
                 self._let_go(block)
         while (self.next < len(self.order) and self.first[self.next] <= position + self.window
@@ -126,7 +126,7 @@ class Fetcher:
                 continue
             self.slot_of[block] = self.free.pop()
             self.state[block] = FETCHING
-            heapq.heappush(self.releases, (self.last_use[block], block))
+            heapq.heappush(self.let_go_at, (self.last_use[block], block))
             self.in_flight += 1
             asyncio.ensure_future(self._fetch(block))
 
