@@ -33,7 +33,7 @@ from pipeline import decode_engine
 from pipeline.block_cache import OpenBlocks, parse_size
 from pipeline.datasets import RemoteDataError, Shard
 from pipeline.memory_blocks import MemoryBlocks
-from pipeline.shared_blocks import SharedBlocks, block_uses, most_held
+from pipeline.shared_blocks import SharedBlocks, most_held
 from pipeline.shard_index import StoredShards
 
 BLOCK_BYTES = 1 << 20
@@ -61,6 +61,23 @@ def cut_blocks(starts: np.ndarray, ends: np.ndarray, block_bytes: int = BLOCK_BY
             block, block_start = block + 1, start
         block_of[i] = block
     return block_of
+
+
+def block_uses(block_of: np.ndarray, batches: list[np.ndarray], offset: int = 0):
+    """(blocks in the order of their first use, first use, last use) over `batches`, batch i
+    counted as offset + i."""
+    if not batches:
+        empty = np.empty(0, np.int64)
+        return empty, empty, empty
+    lengths = np.fromiter(map(len, batches), np.int64, len(batches))
+    blocks = block_of[np.concatenate(batches)]
+    batch = np.repeat(np.arange(offset, offset + len(batches), dtype=np.int64), lengths)
+    order, first_at = np.unique(blocks, return_index=True)
+    by_first = np.argsort(first_at, kind="stable")
+    last = np.full(int(blocks.max()) + 1, -1, np.int64)
+    np.maximum.at(last, blocks, batch)
+    order = order[by_first]
+    return order, batch[first_at[by_first]], last[order]
 
 
 class RemoteShards(StoredShards):
@@ -178,9 +195,10 @@ class RemoteShards(StoredShards):
         self.stop_read_ahead()
         self._base, self._plan_length = self._base + self._plan_length, len(plan)
         if self._memory is not None:
-            self._memory.plan(self._last_uses(plan, start))
+            uses = block_uses(self.block_of, plan[start:], start)
+            self._memory.plan(dict(zip(uses[0].tolist(), uses[2].tolist())))
             if not self._shared_failed:
-                order, first, last, window = self._shared_plan(plan, start, following)
+                order, first, last, window = self._shared_plan(plan, start, uses, following)
                 if self._shared is None:
                     self._start_shared(first, last, window)
                 if self._shared is not None:
@@ -196,11 +214,11 @@ class RemoteShards(StoredShards):
         per_batch = int((self.block_end[order] - self.block_start[order]).sum()) / max(1, len(plan) - start)
         return max(MIN_WINDOW, int(self.ahead_bytes // max(per_batch, 1)))
 
-    def _shared_plan(self, plan: list[np.ndarray], start: int, following):
-        """(blocks in first-use order, first uses, last uses, window) of plan[start:], counted from
-        this plan's base, then of the next epoch's first batches as far as `ahead_bytes` goes, so that
-        the next epoch starts without waiting."""
-        order, first, last = block_uses(self.block_of, plan[start:], self._base + start)
+    def _shared_plan(self, plan: list[np.ndarray], start: int, uses, following):
+        """(blocks in first-use order, first uses, last uses, window) of plan[start:] (its `uses`),
+        counted from this plan's base, then of the next epoch's first batches as far as `ahead_bytes`
+        goes, so that the next epoch starts without waiting."""
+        order, first, last = uses[0], uses[1] + self._base, uses[2] + self._base
         window = self._window(plan, start, order)
         if following is not None:
             next_order, next_first, next_last = block_uses(self.block_of, following()[:window], self._base + len(plan))
@@ -239,13 +257,6 @@ class RemoteShards(StoredShards):
         self.source.store.count(*self._shared.counted())
         self._shared.close()
         self._shared, self._shared_failed = None, True
-
-    def _last_uses(self, plan: list[np.ndarray], start: int, offset: int = 0) -> dict[int, int]:
-        """Per block read by plan[start:], the last batch index reading it (plus `offset`)."""
-        last_use = np.full(len(self.block_start), -1, np.int64)
-        for index in range(start, len(plan)):
-            last_use[self.block_of[plan[index]]] = index + offset
-        return {int(b): int(last_use[b]) for b in np.flatnonzero(last_use >= 0)}
 
     def consumed(self, batch_index: int) -> None:
         """Batch `batch_index` of the plan has been handed out: the read-ahead may go further,
@@ -292,22 +303,16 @@ class _ReadAhead:
                                         name="read-ahead")
         self._thread.start()
 
-    def _first_uses(self, plan: list[np.ndarray], start: int, offset: int = 0) -> list[tuple[int, int]]:
-        """(batch index + offset, block) of each block plan[start:] reads, at the first batch reading it."""
-        firsts, seen = [], set()
-        for index in range(start, len(plan)):
-            for block in dict.fromkeys(self.shards.block_of[plan[index]].tolist()):
-                if block not in seen:
-                    seen.add(block)
-                    firsts.append((index + offset, block))
-        return firsts
+    def _first_uses(self, batches: list[np.ndarray], offset: int) -> list[tuple[int, int]]:
+        """(batch index, block) of each block the batches read, at the first batch reading it,
+        batch i counted as offset + i."""
+        order, first, _ = block_uses(self.shards.block_of, batches, offset)
+        return list(zip(first.tolist(), order.tolist()))
 
     def _run(self, plan: list[np.ndarray], start: int, following) -> None:
         # Here, not in the consumer's thread: a walk over the whole plan, at each epoch's start
-        firsts = self._first_uses(plan, start)
-        sizes = self.shards.block_end - self.shards.block_start
-        per_batch = sum(int(sizes[b]) for _, b in firsts) / max(1, len(plan) - start)
-        self.window = max(4, int(self.shards.ahead_bytes // max(per_batch, 1)))
+        firsts = self._first_uses(plan[start:], start)
+        self.window = self.shards._window(plan, start, np.array([block for _, block in firsts], np.int64))
         if not self.shards.in_memory:     # the blocks already on disk need nothing (a later epoch, all of them)
             cached = self.shards.source.cache.present([self.shards.block_name(b) for _, b in firsts])
             firsts = [(index, block) for index, block in firsts if self.shards.block_name(block) not in cached]
@@ -317,7 +322,7 @@ class _ReadAhead:
             # The blocks the next epoch reads first, as many as the read-ahead's bytes allow, kept in
             # memory past this epoch's end; its batch i is batch len(plan) + i of this plan, so the window
             # reaches them only as this epoch ends. A block it reads later is let go after its last use here.
-            firsts = self._first_uses(following()[:self.window], 0, offset=len(plan))
+            firsts = self._first_uses(following()[:self.window], len(plan))
             sizes = np.cumsum([int(self.shards.block_end[b] - self.shards.block_start[b]) for _, b in firsts])
             firsts = firsts[:int(np.searchsorted(sizes, self.shards.ahead_bytes, side="right"))]
             self.shards._memory.extend_plan({block: index for index, block in firsts})

@@ -13,6 +13,7 @@ shorter window. What the fetcher holds is bounded as `pipeline/memory_blocks.py`
 """
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import subprocess
@@ -29,23 +30,6 @@ from pipeline.block_fetcher import ABSENT, BYTES, FETCHING, HEADER_WORDS, PEAK_B
 FETCHER = Path(block_fetcher.__file__)
 START_PATIENCE_S = 20       # for the fetcher to start (a cold interpreter on a busy node)
 ISSUE_PATIENCE_S = 2        # for it to begin fetching a block of the plan it has not begun yet
-
-
-def block_uses(block_of: np.ndarray, batches: list[np.ndarray], offset: int = 0):
-    """(blocks in the order of their first use, first use, last use) over `batches`, batch i
-    counted as offset + i."""
-    if not batches:
-        empty = np.empty(0, np.int64)
-        return empty, empty, empty
-    lengths = np.fromiter(map(len, batches), np.int64, len(batches))
-    blocks = block_of[np.concatenate(batches)]
-    batch = np.repeat(np.arange(offset, offset + len(batches), dtype=np.int64), lengths)
-    order, first_at = np.unique(blocks, return_index=True)
-    by_first = np.argsort(first_at, kind="stable")
-    last = np.full(int(blocks.max()) + 1, -1, np.int64)
-    np.maximum.at(last, blocks, batch)
-    order = order[by_first]
-    return order, batch[first_at[by_first]], last[order]
 
 
 def most_held(first: np.ndarray, last: np.ndarray, window: int) -> int:
@@ -69,7 +53,6 @@ class SharedBlocks:
         self._memory_fd = os.memfd_create("fastpipe-blocks", os.MFD_CLOEXEC)
         states_at, arena_at, total = block_fetcher.layout(len(block_start), slots, slot_bytes)
         os.ftruncate(self._memory_fd, total)
-        import mmap
         self._memory = mmap.mmap(self._memory_fd, total)
         self.header = np.ndarray(HEADER_WORDS, np.int64, self._memory, 0)
         self.state = np.ndarray(len(block_start), np.int32, self._memory, states_at)
@@ -82,10 +65,17 @@ class SharedBlocks:
         wake_read, self._wake = os.pipe()
         os.set_blocking(self._wake, False)
         fds = (theirs.fileno(), wake_read, self._memory_fd)
-        self.process = subprocess.Popen([sys.executable, "-P", str(FETCHER), *map(str, fds)], pass_fds=fds,
-                                        stdin=subprocess.DEVNULL, close_fds=True)
-        theirs.close()
-        os.close(wake_read)
+        try:
+            self.process = subprocess.Popen([sys.executable, "-P", str(FETCHER), *map(str, fds)], pass_fds=fds,
+                                            stdin=subprocess.DEVNULL, close_fds=True)
+        except OSError:
+            self._control.close()
+            os.close(self._wake)
+            os.close(self._memory_fd)
+            raise
+        finally:      # the process's copies: ours would keep its end of each open
+            theirs.close()
+            os.close(wake_read)
         self._control.send(("setup", dict(url=url, store_options=store_options, names=names,
                                            block_shard=block_shard, block_start=block_start, block_end=block_end,
                                            slot_bytes=slot_bytes, concurrency=concurrency, slots=slots)))
