@@ -1,10 +1,18 @@
 """Where `benchmarks/loaders.py --remote` reads the conversions from: a URL the user gives (the
 folder that holds them, named as under `--cache`), or a server started here on loopback over
-`--cache` itself: `http` (nginx) or `s3` (moto's S3 server). `--latency-ms` adds that round
-trip to every request, as a cloud store far from the node would: by putting the server (or a
-user's plain-http one) behind `benchmarks/latency_proxy.py`, or, with `--latency-in server`,
-inside the loopback nginx, whose answers then start that late (no proxy's copies on this
-machine's cores, which a real store's latency does not cost either)."""
+`--cache` itself:
+- `http`: nginx serving `--cache`;
+- `s3`: moto's S3 server, a real S3 API (the conversions are uploaded to it). It is Python on
+  the same cores as the loaders and copies the object for each range: its figures measure it;
+- `s3-nginx`: the loaders' S3 requests, signed and path-style as to any S3-compatible endpoint,
+  answered by nginx serving `--cache` as the bucket `bench`. It reads only and checks no
+  signature; what it measures is the S3 client path's cost at a store's own cost to the node
+  (none), as a node reading a real bucket sees it.
+
+`--latency-ms` adds that round trip to every request, as a cloud store far from the node would:
+by putting the server (or a user's plain-http one) behind `benchmarks/latency_proxy.py`, or,
+with `--latency-in server`, inside the loopback nginx, whose answers then start that late (no
+proxy's copies on this machine's cores, which a real store's latency does not cost either)."""
 from __future__ import annotations
 
 import tempfile
@@ -14,15 +22,16 @@ from urllib.parse import urlsplit
 from benchmarks.latency_proxy import LatencyProxy
 from benchmarks.loopback_servers import MotoS3, Nginx
 
-LOOPBACK = ("http", "s3")
+BUCKET = "bench"
+NGINX_S3_ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"}
 
 
 class RemoteSource:
     """A context manager: `url_for(conversion folder)` and the `environment` its readers need."""
 
     def __init__(self, where: str, cache: Path, latency_ms: float = 0, latency_in: str = "proxy"):
-        if latency_in == "server" and where != "http":
-            raise SystemExit("error: --latency-in server needs --remote http (the loopback nginx)")
+        if latency_in == "server" and where not in ("http", "s3-nginx"):
+            raise SystemExit("error: --latency-in server needs --remote http or s3-nginx (the loopback nginx)")
         self.where, self.cache, self.latency_ms, self.latency_in = where, cache, latency_ms, latency_in
         self.environment: dict[str, str] = {}
         self._servers = []
@@ -30,11 +39,20 @@ class RemoteSource:
         self._folder = tempfile.TemporaryDirectory(prefix="remote-source-")
 
     def __enter__(self) -> "RemoteSource":
-        if self.where == "http" and self.latency_in == "server":
-            self._base = self._start(Nginx(self.cache, Path(self._folder.name) / "nginx", delay_ms=self.latency_ms)).url
-        elif self.where == "http":
-            nginx = self._start(Nginx(self.cache, Path(self._folder.name) / "nginx"))
-            self._base = self._proxied(nginx.url)
+        if self.where in ("http", "s3-nginx"):
+            root = self.cache
+            if self.where == "s3-nginx":      # path-style S3 asks for /BUCKET/KEY
+                root = Path(self._folder.name) / "buckets"
+                root.mkdir()
+                (root / BUCKET).symlink_to(self.cache.resolve(), target_is_directory=True)
+            delay_ms = self.latency_ms if self.latency_in == "server" else 0
+            nginx = self._start(Nginx(root, Path(self._folder.name) / "nginx", delay_ms=delay_ms))
+            url = nginx.url if delay_ms else self._proxied(nginx.url)
+            if self.where == "s3-nginx":
+                self.environment = {**NGINX_S3_ENVIRONMENT, "AWS_ENDPOINT_URL": url}
+                self._base = f"s3://{BUCKET}"
+            else:
+                self._base = url
         elif self.where == "s3":
             self._moto = self._start(MotoS3())
             self.environment = {**self._moto.environment(), "AWS_ENDPOINT_URL": self._proxied(self._moto.url)}
@@ -45,11 +63,12 @@ class RemoteSource:
 
     def url_for(self, conversion: Path) -> str:
         if self.where == "s3":
-            return self._moto.upload(conversion, "bench", conversion.name)
+            return self._moto.upload(conversion, BUCKET, conversion.name)
         return f"{self._base}/{conversion.name}"
 
     def describe(self) -> str:
-        kind = {"http": "nginx on loopback", "s3": "moto's S3 server on loopback"}.get(self.where, "given URL")
+        kind = {"http": "nginx on loopback", "s3": "moto's S3 server on loopback",
+                "s3-nginx": "S3 requests answered by nginx on loopback"}.get(self.where, "given URL")
         where = "answers delayed in nginx" if self.latency_in == "server" else "through a delay proxy"
         return f"{kind}{f', +{self.latency_ms:g} ms round trip ({where})' if self.latency_ms else ''}"
 

@@ -73,3 +73,21 @@ def test_remote_rows_sit_beside_local_ones(sample_sets, tmp_path):
     assert 0.5 * remote["sample_bytes_per_epoch"] <= remote["fetched_bytes_per_epoch"] < 2 * remote["sample_bytes_per_epoch"]
     assert remote["requests_per_epoch"] >= 1 and remote["first_batch_seconds"] > 0
     assert "x local; per epoch" in result.stdout
+
+
+def test_s3_nginx_source_answers_the_s3_client(served_files, monkeypatch):
+    """--remote s3-nginx: the loaders' S3 client, pointed at the loopback nginx, reads the
+    conversions as the bucket `bench`, path-style, bit for bit."""
+    from benchmarks.remote_sources import RemoteSource
+    from pipeline.object_store import open_store
+    shard = "train/shard-000000.tar"
+    local = (served_files / shard).read_bytes()
+    with RemoteSource("s3-nginx", served_files.parent) as source:
+        for name, value in source.environment.items():
+            monkeypatch.setenv(name, value)
+        url = source.url_for(served_files)
+        assert url == f"s3://bench/{served_files.name}" and "S3 requests" in source.describe()
+        store = open_store(url)
+        assert store.read_ranges(shard, [(0, 100), (5000, 9000)]) == [local[:100], local[5000:9000]]
+        [nginx] = source._servers
+        assert f"GET /bench/{served_files.name}/{shard} " in nginx.access_log.read_text()
