@@ -14,9 +14,10 @@ batches are bit for bit those of the same shards on local disk. Where the blocks
   failed to fetch, one read outside the plan) is fetched here and kept in `pipeline/memory_blocks.py`.
 
 Read-ahead: when an epoch starts, the blocks of the coming batches are fetched in the order of
-their first use, FETCH_THREADS requests at once, at most `ahead_bytes` ahead of the batch being
-consumed, so latency is hidden and the cache is never flooded: by that process in memory, by a
-thread here (`_ReadAhead`) into the cache on disk.
+their first use, several requests at once, at most `ahead_bytes` ahead of the batch being
+consumed, so latency is hidden and the cache is never flooded: by that process in memory (16
+requests at once, up to 64 where the round trip needs them), by FETCH_THREADS threads here
+(`_ReadAhead`) into the cache on disk.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from pipeline.shard_index import StoredShards
 
 BLOCK_BYTES = 1 << 20
 FETCH_THREADS = 16
+MOST_STREAMED_REQUESTS = 64    # in flight from the fetch process, where the round trip needs them
 AHEAD_BYTES = 256 << 20        # at most; a quarter of the cache's limit where that is less
 OPEN_BLOCKS = 512              # block files kept open when no batch holds them
 MIN_WINDOW = 4                 # batches: more than the engine makes ahead of the one handed out
@@ -238,12 +240,12 @@ class RemoteShards(StoredShards):
     def _start_shared(self, first: np.ndarray, last: np.ndarray, window: int) -> None:
         """The fetch process, its slots sized from the first plan; where it cannot start, the blocks
         are fetched by threads here, as for the disk cache."""
-        slots = int(most_held(first, last, window) * SPARE_SLOTS) + MIN_WINDOW * FETCH_THREADS
+        slots = int(most_held(first, last, window) * SPARE_SLOTS) + MOST_STREAMED_REQUESTS
         store = self.source.store
         try:
             self._shared = SharedBlocks(store.url, store.options, [shard.object_name for shard in self.shards],
                                         self.block_shard, self.block_start, self.block_end, self.block_bytes,
-                                        slots, FETCH_THREADS)
+                                        slots, FETCH_THREADS, MOST_STREAMED_REQUESTS)
         except OSError as error:
             self._shared_failed = True
             print(f"[loader] fetching in this process: the fetch process did not start ({error})",

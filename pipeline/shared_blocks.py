@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import block_fetcher
-from pipeline.block_fetcher import ABSENT, BYTES, FETCHING, HEADER_WORDS, PEAK_BYTES, POSITION, READY, REQUESTS
+from pipeline.block_fetcher import (ABSENT, BYTES, FETCHING, HEADER_WORDS, PEAK_BYTES, PEAK_IN_FLIGHT, POSITION, READY,
+                                    REQUESTS)
 
 FETCHER = Path(block_fetcher.__file__)
 START_PATIENCE_S = 20       # for the fetcher to start (a cold interpreter on a busy node)
@@ -46,7 +47,8 @@ def most_held(first: np.ndarray, last: np.ndarray, window: int) -> int:
 
 class SharedBlocks:
     def __init__(self, url: str, store_options: dict, names: list[str], block_shard: np.ndarray,
-                 block_start: np.ndarray, block_end: np.ndarray, slot_bytes: int, slots: int, concurrency: int):
+                 block_start: np.ndarray, block_end: np.ndarray, slot_bytes: int, slots: int, concurrency: int,
+                 most_concurrency: int):
         self.slot_bytes, self.slots = slot_bytes, slots
         self.block_sizes = block_end - block_start
         self._pid = os.getpid()
@@ -78,7 +80,8 @@ class SharedBlocks:
             os.close(wake_read)
         self._control.send(("setup", dict(url=url, store_options=store_options, names=names,
                                            block_shard=block_shard, block_start=block_start, block_end=block_end,
-                                           slot_bytes=slot_bytes, concurrency=concurrency, slots=slots)))
+                                           slot_bytes=slot_bytes, concurrency=concurrency,
+                                           most_concurrency=most_concurrency, slots=slots)))
         self._started = time.monotonic()
         self._counted = (0, 0)
 
@@ -156,6 +159,11 @@ class SharedBlocks:
     @property
     def peak_bytes(self) -> int:
         return int(self.header[PEAK_BYTES])
+
+    @property
+    def peak_in_flight(self) -> int:
+        """The most requests the fetcher has had in flight at once."""
+        return int(self.header[PEAK_IN_FLIGHT])
 
     def held_blocks(self) -> set[int]:
         return set(np.flatnonzero(self.state >= 0).tolist())

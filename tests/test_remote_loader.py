@@ -202,6 +202,38 @@ def _one_epoch(url: str, cache_dir: str, out) -> None:
     out.put(loader.stored.source.cache.fetches)
 
 
+def test_the_fetch_process_raises_its_requests_to_cover_the_round_trip(tmp_path):
+    """Blocks read as fast as they come from a server 50 ms away: 16 requests at once hold the
+    reader back, so the fetch process allows more (up to the most given), and the bytes are right."""
+    from benchmarks.loopback_servers import ECHO_MODULE, Nginx
+    from pipeline.object_store import open_store
+    from pipeline.shared_blocks import SharedBlocks
+    if not ECHO_MODULE.exists():
+        pytest.skip("nginx's echo module is not installed (libnginx-mod-http-echo)")
+    block, blocks = 64 << 10, 640
+    data = np.random.default_rng(0).integers(0, 256, block * blocks, dtype=np.uint8).tobytes()
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "big.bin").write_bytes(data)
+    server = Nginx(tmp_path / "served", tmp_path / "nginx", delay_ms=50)
+    store = open_store(server.url)
+    starts = np.arange(blocks, dtype=np.int64) * block
+    shared = SharedBlocks(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts, starts + block,
+                          block, 256, 16, 48)
+    try:
+        order = np.arange(blocks, dtype=np.int64)
+        shared.plan(order, order + 1, order + 1, 128, 0)    # block i read by batch i + 1
+        for i in range(blocks):
+            [address] = shared.addresses(order[i:i + 1])
+            assert address, f"block {i} was not fetched"
+            if i % 97 == 0:
+                assert shared.view(i) == data[i * block:(i + 1) * block]
+            shared.at(i + 1)
+        assert 16 < shared.peak_in_flight <= 48
+    finally:
+        shared.close()
+        server.stop()
+
+
 def test_processes_share_one_cache_without_fetching_a_block_twice(photos_server, tmp_path):
     """Two processes (the ranks of a node) reading the same epoch at once fetch each block once."""
     url = f"{photos_server.url}/photos_wds"
