@@ -27,9 +27,10 @@ itself, with the retries and the one-line error of `pipeline/object_store.py`.
 
 Requests in flight: enough to keep up with the loader across the store's round trip (Little's
 law: twice the bytes it reads a second times a request's time, in blocks), from the setup's
-`concurrency` up to `most_concurrency`. A fixed 16 caps one loader at 16 blocks a round trip:
-about 150 MiB/s of 1 MiB blocks at 100 ms, where a GPU rank reading ImageNet's 110 KB images at
-3,000 a second needs over 300.
+`concurrency` up to `most_concurrency`, raised only while the loader waits for blocks: where the
+CPU is what holds fetching back, a request's time is long but more of them would not help. A
+fixed 16 caps one loader at 16 blocks a round trip: about 150 MiB/s of 1 MiB blocks at 100 ms,
+where a GPU rank reading ImageNet's 110 KB images at 3,000 a second needs over 300.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ import numpy as np
 # took 4.9-5.2 ms with this process at niceness 0 and tokio's default threads (one per core),
 # 4.6-4.9 ms at 10 with one thread; the loader alone kept its rate (4,620-4,700 img/s) either way.
 NICENESS = 10
-POSITION, REQUESTS, BYTES, HELD_BYTES, PEAK_BYTES, READY, PEAK_IN_FLIGHT = range(7)
+POSITION, REQUESTS, BYTES, HELD_BYTES, PEAK_BYTES, READY, PEAK_IN_FLIGHT, LOADER_WAITS = range(8)
 HEADER_WORDS = 8
 ABSENT, FAILED, FETCHING = -1, -2, -3
 PAGE = 4096
@@ -74,7 +75,7 @@ class Fetcher:
         self.allowed_in_flight = self.least_in_flight
         self.seconds_per_request = 0.0           # the mean of the last measure's, issue to bytes in a slot
         self.request_seconds, self.requests_timed = 0.0, 0
-        self.rate_mark = (0.0, 0)                # (time, bytes let go by then)
+        self.rate_mark = (0.0, 0, 0)             # (time, bytes let go by then, the loader's waits by then)
         self.let_go_bytes = 0
         blocks, slots = len(self.block_start), setup["slots"]
         states_at, arena_at, total = layout(blocks, slots, self.slot_bytes)
@@ -148,21 +149,25 @@ class Fetcher:
 
     def _measure(self) -> None:
         """The requests allowed in flight: what the loader reads a second (the bytes let go), times
-        a request's time, twice over, in blocks. Where fetching holds the loader back, what it reads
-        is what the allowed requests bring, so the allowance doubles until the loader is ahead."""
+        a request's time, twice over, in blocks; more only if the loader waited since the last
+        measure. Where fetching holds the loader back, what it reads is what the allowed requests
+        bring, so the allowance doubles until the loader is ahead."""
         now = time.monotonic()
-        since, let_go_then = self.rate_mark
+        since, let_go_then, waits_then = self.rate_mark
         if now - since < RATE_EVERY_S:
             return
-        self.rate_mark = (now, self.let_go_bytes)
+        waits = int(self.header[LOADER_WAITS])
+        self.rate_mark = (now, self.let_go_bytes, waits)
         if self.requests_timed:
             self.seconds_per_request = self.request_seconds / self.requests_timed
             self.request_seconds, self.requests_timed = 0.0, 0
         if not since or not self.seconds_per_request:
             return
         rate = (self.let_go_bytes - let_go_then) / (now - since)
-        needed = 2 * rate * self.seconds_per_request / self.slot_bytes
-        self.allowed_in_flight = int(min(self.most_in_flight, max(self.least_in_flight, np.ceil(needed))))
+        needed = int(np.ceil(2 * rate * self.seconds_per_request / self.slot_bytes))
+        if waits == waits_then:
+            needed = min(needed, self.allowed_in_flight)
+        self.allowed_in_flight = min(self.most_in_flight, max(self.least_in_flight, needed))
 
     def _let_go(self, block: int) -> None:
         self.state[block] = ABSENT

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import block_fetcher
-from pipeline.block_fetcher import (ABSENT, BYTES, FETCHING, HEADER_WORDS, PEAK_BYTES, PEAK_IN_FLIGHT, POSITION, READY,
-                                    REQUESTS)
+from pipeline.block_fetcher import (ABSENT, BYTES, FETCHING, HEADER_WORDS, LOADER_WAITS, PEAK_BYTES, PEAK_IN_FLIGHT,
+                                    POSITION, READY, REQUESTS)
 
 FETCHER = Path(block_fetcher.__file__)
 START_PATIENCE_S = 20       # for the fetcher to start (a cold interpreter on a busy node)
@@ -129,6 +129,7 @@ class SharedBlocks:
 
     def _wait(self, blocks: np.ndarray, states: np.ndarray) -> np.ndarray:
         waited_from, pause, checked = time.monotonic(), 0.0002, time.monotonic()
+        counted = False
         while True:
             now = time.monotonic()
             ready = self.header[READY] or now - self._started > START_PATIENCE_S
@@ -141,6 +142,9 @@ class SharedBlocks:
                 checked = now
                 if not self.alive:
                     return np.minimum(states, ABSENT)
+            if not counted:     # the fetcher allows more requests in flight only while this grows
+                self.header[LOADER_WAITS] += 1
+                counted = True
             time.sleep(pause)
             pause = min(pause * 2, 0.005)
             states = self.state[blocks]
