@@ -22,10 +22,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))   # the tests' loopback nginx
 from benchmarks.hardware import append_results, cpu_words, signature  # noqa: E402
+from benchmarks.loopback_servers import Nginx  # noqa: E402
 from pipeline.object_store import open_store  # noqa: E402
-from servers import Nginx  # noqa: E402
 
 FILE_SIZE = 64 << 20
 RANGE_SIZE = 16 << 10

@@ -1,0 +1,81 @@
+"""The most one loader's fetch process brings in from a URL: blocks of a file read as fast as
+they arrive, with nothing decoded, from the loopback nginx with its answers delayed by each
+`--latency-ms` (a far store's round trip), once with the requests in flight fixed at 16 and
+once as the loader allows them (16, raised to 64 while the reader waits). A GPU rank needs
+its images a second times their size: ImageNet's 110 KB images at 3,000 a second are over
+300 MiB/s. Prints MiB/s and the most requests in flight, and appends a row for each to
+benchmarks/results/.
+
+    python benchmarks/fetch_ceiling.py [--latency-ms 25,100] [--mib 800]
+
+Needs nginx and its echo module (tools/setup_specs.sh's DEB_TEST_PACKAGES).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.hardware import append_results, cpu_words, signature  # noqa: E402
+from benchmarks.loopback_servers import Nginx  # noqa: E402
+from pipeline.object_store import open_store  # noqa: E402
+from pipeline.remote_shards import BLOCK_BYTES, FETCH_THREADS, MOST_STREAMED_REQUESTS  # noqa: E402
+from pipeline.shared_blocks import SharedBlocks  # noqa: E402
+
+WINDOW = 256        # blocks fetched ahead of the reader at most
+
+
+def stream(url: str, blocks: int, most_in_flight: int) -> tuple[float, int]:
+    """(MiB/s, most requests in flight) reading `blocks` blocks of big.bin in order."""
+    starts = np.arange(blocks, dtype=np.int64) * BLOCK_BYTES
+    store = open_store(url)
+    shared = SharedBlocks(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts,
+                          starts + BLOCK_BYTES, BLOCK_BYTES, WINDOW + most_in_flight, FETCH_THREADS, most_in_flight)
+    try:
+        order = np.arange(blocks, dtype=np.int64)
+        shared.plan(order, order + 1, order + 1, WINDOW, 0)      # block i read by batch i + 1
+        start = time.perf_counter()
+        for block in range(blocks):
+            if not shared.addresses(order[block:block + 1])[0]:
+                raise RuntimeError(f"block {block} was not fetched")
+            shared.at(block + 1)
+        return blocks * BLOCK_BYTES / (time.perf_counter() - start) / 2**20, shared.peak_in_flight
+    finally:
+        shared.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--latency-ms", default="25,100", help="added round trips, comma-separated")
+    parser.add_argument("--mib", type=int, default=800, help="MiB read at each setting")
+    args = parser.parse_args()
+    hardware, rows = signature(), []
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        (root / "served").mkdir()
+        (root / "served" / "big.bin").write_bytes(np.random.default_rng(0).integers(
+            0, 256, args.mib * BLOCK_BYTES, dtype=np.uint8).tobytes())
+        print(f"# {cpu_words(hardware)}, {hardware['cpu_cores']} cores; {args.mib} blocks of "
+              f"{BLOCK_BYTES >> 20} MiB from loopback nginx, read as they arrive")
+        for latency_ms in map(float, args.latency_ms.split(",")):
+            server = Nginx(root / "served", root / f"nginx-{latency_ms:g}", delay_ms=latency_ms)
+            try:
+                for most in (FETCH_THREADS, MOST_STREAMED_REQUESTS):
+                    mib_per_s, peak = stream(server.url, args.mib, most)
+                    rows.append({"benchmark": "fetch_ceiling", "latency_ms": latency_ms, "block_bytes": BLOCK_BYTES,
+                                 "most_in_flight": most, "peak_in_flight": peak, "mib_per_s": round(mib_per_s, 1)})
+                    print(f"+{latency_ms:g} ms, at most {most:2d} in flight: {mib_per_s:6.0f} MiB/s "
+                          f"(most in flight {peak})", flush=True)
+            finally:
+                server.stop()
+    print(f"appended to {append_results(rows, hardware)}")
+
+
+if __name__ == "__main__":
+    main()
