@@ -73,7 +73,7 @@ class Fetcher:
         self.slot_bytes = setup["slot_bytes"]
         self.least_in_flight, self.most_in_flight = setup["concurrency"], setup["most_concurrency"]
         self.allowed_in_flight = self.least_in_flight
-        self.seconds_per_request = 0.0           # the mean of the last measure's, issue to bytes in a slot
+        self.seconds_per_request = 0.0           # a request's mean time over the last interval, issue to slot
         self.request_seconds, self.requests_timed = 0.0, 0
         self.rate_mark = (0.0, 0, 0)             # (time, bytes let go by then, the loader's waits by then)
         self.let_go_bytes = 0
