@@ -27,7 +27,7 @@ itself, with the retries and the one-line error of `pipeline/object_store.py`.
 
 Requests in flight: enough to keep up with the loader across the store's round trip (Little's
 law: twice the bytes it reads a second times a request's time, in blocks), from the setup's
-`concurrency` up to `most_concurrency`, raised only while the loader waits for blocks: where the
+`least_in_flight` up to `most_in_flight`, raised only while the loader waits for blocks: where the
 CPU is what holds fetching back, a request's time is long but more of them would not help. A
 fixed 16 caps one loader at 16 blocks a round trip: about 150 MiB/s of 1 MiB blocks at 100 ms,
 where a GPU rank reading ImageNet's 110 KB images at 3,000 a second needs over 300.
@@ -71,7 +71,7 @@ class Fetcher:
         self.names = setup["names"]
         self.block_shard, self.block_start, self.block_end = setup["block_shard"], setup["block_start"], setup["block_end"]
         self.slot_bytes = setup["slot_bytes"]
-        self.least_in_flight, self.most_in_flight = setup["concurrency"], setup["most_concurrency"]
+        self.least_in_flight, self.most_in_flight = setup["least_in_flight"], setup["most_in_flight"]
         self.allowed_in_flight = self.least_in_flight
         self.seconds_per_request = 0.0           # a request's mean time over the last interval, issue to slot
         self.request_seconds, self.requests_timed = 0.0, 0

@@ -47,8 +47,8 @@ def most_held(first: np.ndarray, last: np.ndarray, window: int) -> int:
 
 class SharedBlocks:
     def __init__(self, url: str, store_options: dict, names: list[str], block_shard: np.ndarray,
-                 block_start: np.ndarray, block_end: np.ndarray, slot_bytes: int, slots: int, concurrency: int,
-                 most_concurrency: int):
+                 block_start: np.ndarray, block_end: np.ndarray, slot_bytes: int, slots: int, least_in_flight: int,
+                 most_in_flight: int):
         self.slot_bytes, self.slots = slot_bytes, slots
         self.block_sizes = block_end - block_start
         self._pid = os.getpid()
@@ -80,8 +80,8 @@ class SharedBlocks:
             os.close(wake_read)
         self._control.send(("setup", dict(url=url, store_options=store_options, names=names,
                                            block_shard=block_shard, block_start=block_start, block_end=block_end,
-                                           slot_bytes=slot_bytes, concurrency=concurrency,
-                                           most_concurrency=most_concurrency, slots=slots)))
+                                           slot_bytes=slot_bytes, least_in_flight=least_in_flight,
+                                           most_in_flight=most_in_flight, slots=slots)))
         self._started = time.monotonic()
         self._counted = (0, 0)
 
