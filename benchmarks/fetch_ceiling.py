@@ -26,7 +26,7 @@ from benchmarks.hardware import append_results, cpu_words, signature  # noqa: E4
 from benchmarks.loopback_servers import Nginx  # noqa: E402
 from pipeline.object_store import open_store  # noqa: E402
 from pipeline.remote_shards import BLOCK_BYTES, FETCH_THREADS, MOST_STREAMED_REQUESTS  # noqa: E402
-from pipeline.shared_blocks import SharedBlocks  # noqa: E402
+from pipeline.shared_blocks import SharedBlocks, Visits  # noqa: E402
 
 WINDOW = 256        # blocks fetched ahead of the reader at most
 
@@ -39,7 +39,7 @@ def stream(url: str, blocks: int, most_in_flight: int) -> tuple[float, int]:
                           starts + BLOCK_BYTES, BLOCK_BYTES, WINDOW + most_in_flight, FETCH_THREADS, most_in_flight)
     try:
         order = np.arange(blocks, dtype=np.int64)
-        shared.plan(order, order + 1, order + 1, WINDOW, 0)      # block i read by batch i + 1
+        shared.plan(Visits(order, order + 1, order + 1, starts, starts + BLOCK_BYTES), WINDOW, 0)   # block i: batch i + 1
         start = time.perf_counter()
         for block in range(blocks):
             if not shared.addresses(order[block:block + 1])[0]:

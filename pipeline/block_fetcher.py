@@ -15,7 +15,8 @@ It imports the standard library, numpy and obstore alone (the `pipeline` package
 torch), so it starts in a fraction of a second: `python -P block_fetcher.py CONTROL WAKE MEMORY`,
 three inherited file descriptors:
 - CONTROL, a socket of pickled messages from the loader: ("setup", dict), then any number of
-  ("plan", blocks in first-use order, first use, last use, window), ("stop",) or end of file;
+  ("plan", blocks, first use, last use, first byte, end byte, window) (its visits, in the order of
+  their first use: `shared_blocks.Visits`), ("stop",) or end of file;
 - WAKE, a pipe the loader writes a byte to when its position moves;
 - MEMORY, a memfd laid out by `layout`: a header of int64 words (the loader's position, written
   by it; the counters, written here), the state of each block (ABSENT, FETCHING, FAILED, or the
@@ -24,6 +25,11 @@ three inherited file descriptors:
 Positions and batch indices are counted on across epochs, so the next epoch's first blocks can
 be fetched while this one ends. A block whose fetch failed is FAILED: the loader fetches it
 itself, with the retries and the one-line error of `pipeline/object_store.py`.
+
+A visit fetches the bytes its batches read, into the block's slot at their place in the block, so
+the loader finds a sample where it would in the whole block. A block is held for one visit at a
+time: its next visit is fetched once the loader is past the last batch of the one before, which
+the loader's plan puts more batches ahead than it reads ahead.
 
 Requests in flight: enough to keep up with the loader across the store's round trip (Little's
 law: twice the bytes it reads a second times a request's time, in blocks), from the setup's
@@ -85,9 +91,10 @@ class Fetcher:
         self.arena = memoryview(self.memory)[arena_at:]
         self.free = list(range(slots - 1, -1, -1))
         self.slot_of: dict[int, int] = {}            # blocks held or being fetched
-        self.order, self.first, self.next, self.window = np.empty(0, np.int64), np.empty(0, np.int64), 0, 0
-        self.last_use: dict[int, int] = {}
-        self.let_go_at: list[tuple[int, int]] = []    # (last use, block): a heap
+        self.visits, self.next, self.window = (np.empty(0, np.int64),) * 5, 0, 0
+        self.held: dict[int, tuple[int, int]] = {}   # per block held or being fetched, the bytes of its visit
+        self.until: dict[int, int] = {}              # ... and the last batch of that visit
+        self.let_go_at: list[tuple[int, int]] = []    # (last use, block): a heap, with stale entries
         self.in_flight = 0
         # Slot bytes are written before the block's state names the slot; taking and leaving the lock
         # orders the two for a reader in another process (a store barrier where CPUs reorder)
@@ -120,29 +127,47 @@ class Fetcher:
             pass
         self._pump()
 
-    def _plan(self, order: np.ndarray, first: np.ndarray, last: np.ndarray, window: int) -> None:
-        """A new plan replaces the last: blocks it does not read are let go at the next pump."""
-        self.order, self.first, self.next, self.window = order, first, 0, window
-        self.last_use = dict(zip(order.tolist(), last.tolist()))
-        self.let_go_at = [(self.last_use.get(block, -1), block) for block in self.slot_of]
+    def _plan(self, blocks: np.ndarray, first: np.ndarray, last: np.ndarray, start: np.ndarray, end: np.ndarray,
+              window: int) -> None:
+        """A new plan replaces the last. A block held is kept for the plan's first visit of it where
+        that visit comes within the window and reads only bytes held; the others are let go at the
+        next pump (once fetched, where they are on their way)."""
+        self.visits, self.next, self.window = (blocks, first, last, start, end), 0, window
+        position = int(self.header[POSITION])
+        read, first_visit = np.unique(blocks, return_index=True)     # the first of a block's visits
+        first_visit = dict(zip(read.tolist(), first_visit.tolist()))
+        for block, (held_start, held_end) in self.held.items():
+            visit = first_visit.get(block)
+            kept = (visit is not None and first[visit] <= position + window
+                    and held_start <= start[visit] and end[visit] <= held_end)
+            self.until[block] = int(last[visit]) if kept else -1
+        self.let_go_at = [(until, block) for block, until in self.until.items()]
         heapq.heapify(self.let_go_at)
 
     def _pump(self) -> None:
         position = int(self.header[POSITION])
         while self.let_go_at and self.let_go_at[0][0] <= position:
             _, block = heapq.heappop(self.let_go_at)
-            if block in self.slot_of and self.state[block] != FETCHING and self.last_use.get(block, -1) <= position:
+            if block in self.slot_of and self.state[block] != FETCHING and self.until[block] <= position:
                 self._let_go(block)
         self._measure()
-        while (self.next < len(self.order) and self.first[self.next] <= position + self.window
+        blocks, first, last, start, end = self.visits
+        while (self.next < len(blocks) and first[self.next] <= position + self.window
                and self.in_flight < self.allowed_in_flight and self.free):
-            block = int(self.order[self.next])
-            self.next += 1
+            block, visit = int(blocks[self.next]), self.next
             if block in self.slot_of:
+                held_start, held_end = self.held[block]
+                if not (held_start <= start[visit] and end[visit] <= held_end):
+                    break       # held for its visit before: this one is fetched once that is let go
+                self.next += 1
+                self.until[block] = max(self.until[block], int(last[visit]))
+                heapq.heappush(self.let_go_at, (self.until[block], block))
                 continue
+            self.next += 1
             self.slot_of[block] = self.free.pop()
+            self.held[block], self.until[block] = (int(start[visit]), int(end[visit])), int(last[visit])
             self.state[block] = FETCHING
-            heapq.heappush(self.let_go_at, (self.last_use[block], block))
+            heapq.heappush(self.let_go_at, (self.until[block], block))
             self.in_flight += 1
             self.header[PEAK_IN_FLIGHT] = max(self.header[PEAK_IN_FLIGHT], self.in_flight)
             asyncio.ensure_future(self._fetch(block))
@@ -172,20 +197,23 @@ class Fetcher:
     def _let_go(self, block: int) -> None:
         self.state[block] = ABSENT
         self.free.append(self.slot_of.pop(block))
-        size = int(self.block_end[block] - self.block_start[block])
+        start, end = self.held.pop(block)
+        del self.until[block]
+        size = end - start
         self.header[HELD_BYTES] -= size
         self.let_go_bytes += size
 
     async def _fetch(self, block: int) -> None:
         import obstore
-        start, end = int(self.block_start[block]), int(self.block_end[block])
+        start, end = self.held[block]
         slot = self.slot_of[block]
+        at = slot * self.slot_bytes + start - int(self.block_start[block])
         issued = time.monotonic()
         try:
             data = await obstore.get_range_async(self.store, self.names[self.block_shard[block]], start=start, end=end)
             if len(data) != end - start:
                 raise ValueError("short response")
-            self.arena[slot * self.slot_bytes:slot * self.slot_bytes + len(data)] = memoryview(data)
+            self.arena[at:at + len(data)] = memoryview(data)
             self.request_seconds += time.monotonic() - issued
             self.requests_timed += 1
             with self._fence:
@@ -194,11 +222,12 @@ class Fetcher:
             self.state[block] = slot
             self.header[HELD_BYTES] += len(data)
             self.header[PEAK_BYTES] = max(self.header[PEAK_BYTES], self.header[HELD_BYTES])
-            if self.last_use.get(block, -1) <= self.header[POSITION]:     # passed while it was fetched
+            if self.until[block] <= self.header[POSITION]:     # passed while it was fetched
                 self._let_go(block)
         except Exception:       # noqa: BLE001 - the loader fetches it again and reports what happened
             self.state[block] = FAILED
             self.free.append(self.slot_of.pop(block))
+            del self.held[block], self.until[block]
         finally:
             self.in_flight -= 1
             self._pump()

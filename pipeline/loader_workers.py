@@ -22,6 +22,8 @@ from torch.utils.data import DataLoader
 
 from pipeline.spec import LoaderSpec
 
+PREFETCH_FACTOR = 4      # batches each DataLoader worker makes ahead
+
 # The signals workers leave to their main process (`leave_to_main_process`). Read by each worker
 # as it starts: workers are forked (the fork hook below relies on it too), so a worker sees the
 # set as it was when its loader started them.
@@ -128,6 +130,6 @@ def torch_dataloader(dataset, spec: LoaderSpec, **kwargs) -> DataLoader:
     workers = spec.num_workers
     dataloader = _WorkersStopWhenFreed(dataset, batch_size=None, num_workers=workers,
                                        pin_memory=spec.device.startswith("cuda"), persistent_workers=workers > 0,
-                                       prefetch_factor=4 if workers else None, worker_init_fn=prepare_worker,
+                                       prefetch_factor=PREFETCH_FACTOR if workers else None, worker_init_fn=prepare_worker,
                                        **kwargs)
     return dataloader

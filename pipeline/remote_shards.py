@@ -12,6 +12,9 @@ batches are bit for bit those of the same shards on local disk. Where the blocks
   own into memory shared with this one (`pipeline/shared_blocks.py`), so that fetching takes no
   turns of this process's GIL from the training step. A block that process does not give (one it
   failed to fetch, one read outside the plan) is fetched here and kept in `pipeline/memory_blocks.py`.
+  That process fetches a block for each visit (`block_visits`): a block read at the epoch's start
+  and again at its end, where two lanes of the plan meet, is fetched twice, each time the bytes
+  then read, rather than held all epoch.
 
 Read-ahead: when an epoch starts, the blocks of the coming batches are fetched in the order of
 their first use, several requests at once, at most `ahead_bytes` ahead of the batch being
@@ -34,7 +37,7 @@ from pipeline import decode_engine
 from pipeline.block_cache import OpenBlocks, parse_size
 from pipeline.datasets import RemoteDataError, Shard
 from pipeline.memory_blocks import MemoryBlocks
-from pipeline.shared_blocks import SharedBlocks, most_held
+from pipeline.shared_blocks import SharedBlocks, Visits, most_held
 from pipeline.shard_index import StoredShards
 
 BLOCK_BYTES = 1 << 20
@@ -42,7 +45,7 @@ FETCH_THREADS = 16
 MOST_STREAMED_REQUESTS = 64    # in flight from the fetch process, where the round trip needs them
 AHEAD_BYTES = 256 << 20        # at most; a quarter of the cache's limit where that is less
 OPEN_BLOCKS = 512              # block files kept open when no batch holds them
-MIN_WINDOW = 4                 # batches: more than the engine makes ahead of the one handed out
+MIN_WINDOW = 4                 # batches read ahead at least
 SPARE_SLOTS = 1.25             # over the first plan's most blocks held: later epochs' shuffles differ
 
 
@@ -65,6 +68,38 @@ def cut_blocks(starts: np.ndarray, ends: np.ndarray, block_bytes: int = BLOCK_BY
     return block_of
 
 
+def block_visits(block_of: np.ndarray, members: np.ndarray, batches: list[np.ndarray], offset: int,
+                 gap: int, next_epoch: int | None = None, reads_ahead: int = 0) -> Visits:
+    """Each time a block is read: a run of the batches reading it with at most `gap` batches
+    between two, and the bytes of it they read, in the order of their first batches (batch i
+    counted as offset + i). Where two of the plan's lanes meet (`pipeline/shard_index.py`), a block
+    is read at the epoch's start and again at its end: as one visit, it would be held all epoch;
+    as two, each holds a slot a few dozen batches, and their bytes together are the block's.
+
+    Where `batches` go on into the next epoch, from batch `next_epoch`, reads on either side of
+    it are one visit only within `reads_ahead` batches (where the loader may read both at once):
+    a short epoch (a rank's part of a validation split) is not held through the next."""
+    if not batches:
+        empty = np.empty(0, np.int64)
+        return Visits(empty, empty, empty, empty, empty)
+    ids = np.concatenate(batches)
+    lengths = np.fromiter(map(len, batches), np.int64, len(batches))
+    batch = np.repeat(np.arange(offset, offset + len(batches), dtype=np.int64), lengths)
+    blocks = block_of[ids]
+    by_block = np.lexsort((batch, blocks))
+    ids, blocks, batch = ids[by_block], blocks[by_block], batch[by_block]
+    opens = np.ones(len(ids), bool)          # a read that begins a visit
+    apart = batch[1:] - batch[:-1]
+    opens[1:] = (blocks[1:] != blocks[:-1]) | (apart > gap)
+    if next_epoch is not None:
+        opens[1:] |= (batch[:-1] < next_epoch) & (batch[1:] >= next_epoch) & (apart > reads_ahead)
+    begins = np.flatnonzero(opens)
+    starts, ends = sample_spans(members[ids])
+    visits = Visits(blocks[begins], batch[begins], batch[np.append(begins[1:] - 1, len(ids) - 1)],
+                    np.minimum.reduceat(starts, begins), np.maximum.reduceat(ends, begins))
+    return visits.select(np.argsort(visits.first, kind="stable"))
+
+
 def block_uses(block_of: np.ndarray, batches: list[np.ndarray], offset: int = 0):
     """(blocks in the order of their first use, first use, last use) over `batches`, batch i
     counted as offset + i."""
@@ -83,9 +118,12 @@ def block_uses(block_of: np.ndarray, batches: list[np.ndarray], offset: int = 0)
 
 
 class RemoteShards(StoredShards):
-    def __init__(self, shards: list[Shard], source, block_bytes=None):
+    def __init__(self, shards: list[Shard], source, block_bytes=None, reads_ahead: int = MIN_WINDOW - 1):
+        """reads_ahead: the most batches past the one last handed out (`consumed`) whose samples
+        the loader reads."""
         super().__init__(shards)
         self.source = source
+        self.reads_ahead = reads_ahead
         self.block_bytes = block_bytes = parse_size(block_bytes) if block_bytes is not None else BLOCK_BYTES
         starts, ends = sample_spans(self.members)
         block_of, offset = [], 0
@@ -111,6 +149,7 @@ class RemoteShards(StoredShards):
         self._shared: SharedBlocks | None = None      # started at the first epoch, sized from its plan
         self._shared_failed = False
         self._base, self._plan_length = 0, 0          # where this plan's batch 0 lies, counted across epochs
+        self._visit_gap: int | None = None            # set at the first plan, kept: see `_shared_plan`
         self._open = None if self.in_memory else OpenBlocks(
             source.cache, max(4, min(OPEN_BLOCKS, source.cache.limit // 4 // block_bytes)))
 
@@ -200,12 +239,13 @@ class RemoteShards(StoredShards):
             uses = block_uses(self.block_of, plan[start:], start)
             self._memory.plan(dict(zip(uses[0].tolist(), uses[2].tolist())))
             if not self._shared_failed:
-                order, first, last, window = self._shared_plan(plan, start, uses, following)
+                window = self._window(plan, start, uses[0])
+                visits = self._shared_plan(plan, start, following, window)
                 if self._shared is None:
-                    self._start_shared(first, last, window)
+                    self._start_shared(visits, window)
                 if self._shared is not None:
                     try:
-                        self._shared.plan(order, first, last, window, position=self._base + start - 1)
+                        self._shared.plan(visits, window, position=self._base + start - 1)
                         return
                     except OSError:     # it ended
                         self._shared_gone()
@@ -214,33 +254,32 @@ class RemoteShards(StoredShards):
     def _window(self, plan: list[np.ndarray], start: int, order: np.ndarray) -> int:
         """Batches to read ahead: as many as `ahead_bytes` hold of the plan's bytes per batch."""
         per_batch = int((self.block_end[order] - self.block_start[order]).sum()) / max(1, len(plan) - start)
-        return max(MIN_WINDOW, int(self.ahead_bytes // max(per_batch, 1)))
+        return max(MIN_WINDOW, self.reads_ahead + 1, int(self.ahead_bytes // max(per_batch, 1)))
 
-    def _shared_plan(self, plan: list[np.ndarray], start: int, uses, following):
-        """(blocks in first-use order, first uses, last uses, window) of plan[start:] (its `uses`),
-        counted from this plan's base, then of the next epoch's first batches as far as `ahead_bytes`
-        goes, so that the next epoch starts without waiting."""
-        order, first, last = uses[0], uses[1] + self._base, uses[2] + self._base
-        window = self._window(plan, start, order)
-        if following is not None:
-            next_order, next_first, next_last = block_uses(self.block_of, following()[:window], self._base + len(plan))
-            # as many of its blocks as the read-ahead's bytes hold, in the order of their first use
-            sizes = np.cumsum(self.block_end[next_order] - self.block_start[next_order])
-            taken = int(np.searchsorted(sizes, self.ahead_bytes, side="right"))
-            next_order, next_first, next_last = next_order[:taken], next_first[:taken], next_last[:taken]
-            held_on = np.isin(next_order, order)         # read by this plan too: kept until the next one's use
-            last_of = dict(zip(order.tolist(), last.tolist()))
-            last_of.update(zip(next_order[held_on].tolist(), next_last[held_on].tolist()))
-            last = np.fromiter((last_of[block] for block in order.tolist()), np.int64, len(order))
-            order = np.concatenate([order, next_order[~held_on]])
-            first = np.concatenate([first, next_first[~held_on]])
-            last = np.concatenate([last, next_last[~held_on]])
-        return order, first, last, window
+    def _shared_plan(self, plan: list[np.ndarray], start: int, following, window: int) -> Visits:
+        """The visits of plan[start:], counted from this plan's base, then those of the next epoch
+        that begin in its first `window` batches, as far as `ahead_bytes` goes (counting this
+        epoch's visits that go on into the next), so that it starts without waiting. The two
+        epochs' reads are cut into visits together, with one gap for the whole run: a visit
+        fetched ahead then holds the bytes of the one the next plan begins with, and is kept for it.
+        The next epoch's visit of a block this one reads last is fetched once that is let go."""
+        if self._visit_gap is None:     # more than the loader reads ahead: no batch meets a block held for another visit
+            self._visit_gap = window
+        batches = plan[start:] + (following() if following is not None else [])
+        next_epoch = self._base + len(plan)
+        visits = block_visits(self.block_of, self.members, batches, self._base + start, self._visit_gap, next_epoch,
+                              self.reads_ahead)
+        this_epoch = visits.first < next_epoch
+        held_on = this_epoch & (visits.last >= next_epoch)      # a block read at its end and the next one's start
+        ahead = np.flatnonzero(~this_epoch & (visits.first < next_epoch + window))
+        budget = self.ahead_bytes - int((visits.end - visits.start)[held_on].sum())
+        taken = ahead[:int(np.searchsorted(np.cumsum(visits.end[ahead] - visits.start[ahead]), budget, side="right"))]
+        return visits.select(np.sort(np.concatenate([np.flatnonzero(this_epoch), taken])))
 
-    def _start_shared(self, first: np.ndarray, last: np.ndarray, window: int) -> None:
+    def _start_shared(self, visits: Visits, window: int) -> None:
         """The fetch process, its slots sized from the first plan; where it cannot start, the blocks
         are fetched by threads here, as for the disk cache."""
-        slots = int(most_held(first, last, window) * SPARE_SLOTS) + MOST_STREAMED_REQUESTS
+        slots = int(most_held(visits.first, visits.last, window) * SPARE_SLOTS) + MOST_STREAMED_REQUESTS
         store = self.source.store
         try:
             self._shared = SharedBlocks(store.url, store.options, [shard.object_name for shard in self.shards],

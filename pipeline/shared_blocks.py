@@ -7,7 +7,11 @@ A block the fetcher has not got is waited for while it is on its way; one it fai
 one larger than a slot, or one not in the plan (or all of them, should the fetcher die) is left to
 the caller, which fetches it in this process.
 
-The slots are sized from the first plan: the most blocks any position holds, from their first
+A plan is a list of visits: each time a block is read, the batches reading it and the bytes they
+read of it (`Visits`). A block read at an epoch's start and again at its end is two visits, fetched
+twice in parts and let go in between, rather than held all epoch.
+
+The slots are sized from the first plan: the most visits any position holds, from their first
 batch less the window to their last, with room to spare; a later plan that needs more gets a
 shorter window. What the fetcher holds is bounded as `pipeline/memory_blocks.py` bounds it.
 """
@@ -21,6 +25,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,6 +36,21 @@ from pipeline.block_fetcher import (ABSENT, BYTES, FETCHING, HEADER_WORDS, LOADE
 FETCHER = Path(block_fetcher.__file__)
 START_PATIENCE_S = 20       # for the fetcher to start (a cold interpreter on a busy node)
 ISSUE_PATIENCE_S = 2        # for it to begin fetching a block of the plan it has not begun yet
+
+
+class Visits(NamedTuple):
+    """Each time a block is read, in the order of the first batches: the block, its first and last
+    batch (counted on across epochs), and the first and one-past-last byte of it those batches read
+    (offsets in its shard, within the block's)."""
+    blocks: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    def select(self, which: np.ndarray) -> Visits:
+        """The visits a mask or an index array picks."""
+        return Visits(*(column[which] for column in self))
 
 
 def most_held(first: np.ndarray, last: np.ndarray, window: int) -> int:
@@ -89,17 +109,16 @@ class SharedBlocks:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def plan(self, order: np.ndarray, first: np.ndarray, last: np.ndarray, window: int, position: int) -> None:
+    def plan(self, visits: Visits, window: int, position: int) -> None:
         """The fetcher's plan from here on (blocks larger than a slot are left out), the loader at
         `position`; the window shrinks where the slots would not hold it."""
-        fits = self.block_sizes[order] <= self.slot_bytes
-        order, first, last = order[fits], first[fits], last[fits]
-        while window > 1 and most_held(first, last, window) > self.slots:
+        visits = visits.select(self.block_sizes[visits.blocks] <= self.slot_bytes)
+        while window > 1 and most_held(visits.first, visits.last, window) > self.slots:
             window //= 2
         self.planned[:] = False
-        self.planned[order] = True
+        self.planned[visits.blocks] = True
         self.header[POSITION] = position
-        self._control.send(("plan", order, first, last, window))
+        self._control.send(("plan", *visits, window))
 
     def at(self, position: int) -> None:
         """The loader has handed out batch `position`: the fetcher may go on, and let go of the
@@ -121,7 +140,8 @@ class SharedBlocks:
         return np.where(states >= 0, self.arena_address + states.astype(np.int64) * self.slot_bytes, 0).astype(np.uint64)
 
     def view(self, block: int) -> memoryview | None:
-        """The block's bytes where the fetcher has them, else None."""
+        """The block's bytes where the fetcher has them, else None: of them, those of the visit it
+        is held for, which a batch of that visit reads."""
         state = int(self.state[block])
         if state < 0:
             return None

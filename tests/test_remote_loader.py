@@ -16,7 +16,7 @@ import torch
 from pipeline import LoaderSpec, build_loader
 from pipeline.block_cache import BLOCK_SUFFIX
 from pipeline.datasets import DatasetError, RemoteDataError, read_converted
-from pipeline.remote_shards import cut_blocks, sample_spans
+from pipeline.remote_shards import block_visits, cut_blocks, sample_spans
 
 
 @pytest.fixture(scope="module")
@@ -151,11 +151,16 @@ def test_a_split_larger_than_the_cache_streams_through_memory(converted_sets, ph
         shared = remote.stored._shared
         requests.append(store.requests)
         # What is held once the fetcher has caught up with the end of the epoch: the next epoch's
-        # first blocks, fetched while this one ended, as many as the read-ahead's bytes allow
+        # first blocks, fetched while this one ended, as many as the read-ahead's bytes allow, and
+        # those that both the last batches of this epoch and the first of the next read
         next_plan = [remote.stored.block_of[ids].tolist() for ids in remote.stored.epoch_batches(remote.spec, epoch + 1)]
         held = wait_for(lambda: shared.held_blocks() if next_plan[0][0] in shared.held_blocks()
                         and shared.held_blocks() <= set(sum(next_plan, [])) else None)
-        assert held and shared.bytes_held <= remote.stored.ahead_bytes
+        window = remote.stored._visit_gap
+        this_plan = [remote.stored.block_of[ids].tolist() for ids in remote._plan]
+        both = set(sum(this_plan[-window:], [])) & set(sum(next_plan[:window], []))
+        block_sizes = remote.stored.block_end - remote.stored.block_start
+        assert held and shared.bytes_held <= remote.stored.ahead_bytes + block_sizes[list(both)].sum()
     assert requests[-1] > len(remote.stored.block_start)      # blocks let go were fetched again
     # the read-ahead's window and the blocks of the batches being made, within the slots
     assert 0 < shared.peak_bytes <= remote.stored.ahead_bytes + 2 * 16 * remote.stored.block_bytes < split_bytes
@@ -207,7 +212,7 @@ def test_the_fetch_process_raises_its_requests_to_cover_the_round_trip(tmp_path)
     reader back, so the fetch process allows more (up to the most given), and the bytes are right."""
     from benchmarks.loopback_servers import ECHO_MODULE, Nginx
     from pipeline.object_store import open_store
-    from pipeline.shared_blocks import SharedBlocks
+    from pipeline.shared_blocks import SharedBlocks, Visits
     if not ECHO_MODULE.exists():
         pytest.skip("nginx's echo module is not installed (libnginx-mod-http-echo)")
     block, blocks = 64 << 10, 640
@@ -221,7 +226,7 @@ def test_the_fetch_process_raises_its_requests_to_cover_the_round_trip(tmp_path)
                           block, 256, 16, 48)
     try:
         order = np.arange(blocks, dtype=np.int64)
-        shared.plan(order, order + 1, order + 1, 128, 0)    # block i read by batch i + 1
+        shared.plan(Visits(order, order + 1, order + 1, starts, starts + block), 128, 0)    # block i read by batch i + 1
         for i in range(blocks):
             [address] = shared.addresses(order[i:i + 1])
             assert address, f"block {i} was not fetched"
@@ -271,6 +276,74 @@ def test_blocks_are_cut_at_sample_boundaries():
     ends = np.array([90, 500, 690, 1900, 2100])
     assert cut_blocks(starts, ends, block_bytes=1000).tolist() == [0, 0, 0, 1, 2]
     assert cut_blocks(starts, ends, block_bytes=10).tolist() == [0, 1, 2, 3, 4]   # a big sample is a block alone
+
+
+def test_a_block_read_again_after_a_long_gap_is_a_visit_of_its_own():
+    """Read at an epoch's start and again at its end (where two lanes of the plan meet), a block
+    is two visits, each of the bytes its batches read; reads closer than the gap are one."""
+    members = np.array([[i * 100, 90, i * 100 + 90] for i in range(8)])      # (image at, size, label at)
+    block_of = np.array([0, 0, 0, 0, 0, 0, 1, 1])
+    batches = [np.array([0, 1]), np.array([2]), np.array([], np.int64), np.array([6])] + \
+        [np.array([], np.int64)] * 3 + [np.array([7])] + [np.array([], np.int64)] * 12 + [np.array([5, 4])]
+    visits = block_visits(block_of, members, batches, offset=100, gap=5)
+    assert [tuple(map(int, visit)) for visit in zip(*visits)] == [
+        (0, 100, 101, 0, 294), (1, 103, 107, 600, 794), (0, 120, 120, 400, 594)]
+    whole = block_visits(block_of, members, batches, offset=100, gap=20)
+    assert whole.blocks.tolist() == [0, 1] and whole.end[0] == 594
+
+
+def test_reads_either_side_of_the_next_epoch_are_one_visit_only_when_read_at_once():
+    """A short epoch's blocks, read again as the next epoch starts, are let go in between unless
+    the loader may read both at once (within the batches it reads ahead)."""
+    members = np.array([[i * 100, 90, i * 100 + 90] for i in range(2)])
+    block_of = np.zeros(2, np.int64)
+    batches = [np.array([0])] + [np.array([], np.int64)] * 4 + [np.array([1])]     # the next epoch from batch 3
+    assert block_visits(block_of, members, batches, 0, gap=20).blocks.tolist() == [0]
+    assert block_visits(block_of, members, batches, 0, gap=20, next_epoch=3, reads_ahead=5).blocks.tolist() == [0]
+    parted = block_visits(block_of, members, batches, 0, gap=20, next_epoch=3, reads_ahead=2)
+    assert parted.first.tolist() == [0, 5] and parted.start.tolist() == [0, 100]
+
+
+def test_the_fetch_process_fetches_each_visit_and_lets_the_block_go_between(tmp_path):
+    """A block visited twice is fetched twice, each time only the bytes of its visit, put where
+    they lie in the block; it is not held between the visits."""
+    from benchmarks.loopback_servers import Nginx
+    from pipeline.object_store import open_store
+    from pipeline.shared_blocks import SharedBlocks, Visits
+    block, blocks = 64 << 10, 40
+    data = np.random.default_rng(1).integers(0, 256, block * blocks, dtype=np.uint8).tobytes()
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "big.bin").write_bytes(data)
+    server = Nginx(tmp_path / "served", tmp_path / "nginx")
+    store = open_store(server.url)
+    starts = np.arange(blocks, dtype=np.int64) * block
+    shared = SharedBlocks(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts, starts + block,
+                          block, 64, 16, 16)
+    try:
+        # block 0: its first quarter read by batch 0, its second half by batch 30; block i by batch i
+        order = np.array([0, *range(1, blocks), 0])
+        first = np.array([0, *range(1, blocks), 30])
+        visit_start = np.array([0, *starts[1:], block // 2])
+        visit_end = np.array([block // 4, *starts[1:] + block, block])
+        visits = Visits(order, first, first, visit_start, visit_end).select(np.argsort(first, kind="stable"))
+        order, first, visit_start, visit_end = visits.blocks, visits.first, visits.start, visits.end
+        shared.plan(visits, 4, -1)
+        for batch in range(blocks):
+            read = [i for i in range(len(order)) if first[i] == batch]
+            for i in read:
+                [address] = shared.addresses(order[i:i + 1])
+                assert address, f"block {order[i]} was not fetched for batch {batch}"
+                lo, hi = int(visit_start[i] - starts[order[i]]), int(visit_end[i] - starts[order[i]])
+                assert shared.view(int(order[i]))[lo:hi] == data[visit_start[i]:visit_end[i]]
+            if batch == 20:
+                assert 0 not in wait_for(lambda: shared.held_blocks() if 0 not in shared.held_blocks() else None)
+            shared.at(batch)
+        requests, fetched = shared.counted()
+        assert requests == blocks + 1
+        assert fetched == int((visit_end - visit_start).sum()) == (blocks - 1) * block + block // 4 + block // 2
+    finally:
+        shared.close()
+        server.stop()
 
 
 def test_a_prefix_without_manifest_and_a_bad_server_are_one_line_errors(converted_sets, tmp_path):

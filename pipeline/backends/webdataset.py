@@ -14,8 +14,8 @@ import numpy as np
 
 from pipeline.base import Loader
 from pipeline.datasets import read_converted
-from pipeline.loader_workers import BatchKeys, torch_dataloader
-from pipeline.shard_engine_batches import EngineBatches
+from pipeline.loader_workers import PREFETCH_FACTOR, BatchKeys, torch_dataloader
+from pipeline.shard_engine_batches import PREFETCH_BATCHES, EngineBatches
 from pipeline.remote_shards import RemoteShards
 from pipeline.shard_index import StoredShards
 from pipeline.shard_worker_batches import KeysWithSamples, WorkerBatches
@@ -26,12 +26,15 @@ class WebDatasetLoader(Loader):
     def __init__(self, spec: LoaderSpec):
         data = read_converted(spec.path, spec.split, "webdataset", cache_dir=spec.cache_dir,
                               cache_limit=spec.cache_limit, fetch_timeout=spec.fetch_timeout)
-        # From a URL the same samples and plans, their bytes fetched into the node's cache
-        self.stored = RemoteShards(data.shards, data.remote, spec.fetch_size) if data.remote else StoredShards(data.shards)
-        self._plan: list[np.ndarray] = []
-        super().__init__(spec, len(data.classes))
         # RandAugment's operations are Pillow's, in Python: its samples are decoded in DataLoader workers
         self.uses_engine = spec.native_decode and not (spec.train and spec.randaugment)
+        # From a URL the same samples and plans, their bytes fetched into the node's cache; read
+        # at most this many batches past the one handed out
+        reads_ahead = PREFETCH_BATCHES + 1 if self.uses_engine else max(1, spec.num_workers) * PREFETCH_FACTOR + 1
+        self.stored = (RemoteShards(data.shards, data.remote, spec.fetch_size, reads_ahead) if data.remote
+                       else StoredShards(data.shards))
+        self._plan: list[np.ndarray] = []
+        super().__init__(spec, len(data.classes))
         self.engine = EngineBatches(self.stored, spec, self.device) if self.uses_engine else None
         self._sampler = BatchKeys()
         self.dataloader = None if self.uses_engine else torch_dataloader(WorkerBatches(self.stored, spec), spec,
