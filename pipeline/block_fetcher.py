@@ -28,8 +28,9 @@ itself, with the retries and the one-line error of `pipeline/object_store.py`.
 
 A visit fetches the bytes its batches read, into the block's slot at their place in the block, so
 the loader finds a sample where it would in the whole block. A block is held for one visit at a
-time: its next visit is fetched once the loader is past the last batch of the one before, which
-the loader's plan puts more batches ahead than it reads ahead.
+time: its next visit is fetched once the loader is past the last batch of the one before. The
+loader's plan puts two visits of a block further apart than the batches it reads ahead of the one
+it last handed out, so no batch meets a block held for another visit's bytes.
 
 Requests in flight: enough to keep up with the loader across the store's round trip (Little's
 law: twice the bytes it reads a second times a request's time, in blocks), from the setup's
