@@ -3,7 +3,7 @@ bound and the loaders users write from FFCV's and DALI's examples.
 
     python benchmarks/loaders.py [--source data/sample/photos] [--backends ...] [--resolutions 160,128]
                                  [--val-resolutions 224] [--workers 2] [--epochs 3] [--instance-type p4d.24xlarge]
-                                 [--device cuda] [--hw-decoder-loads 0,0.65,1] [--remote http|s3|s3-nginx|URL [--latency-ms 25 [--latency-in proxy|server]]]
+                                 [--device cuda] [--hw-decoder-loads 0,0.65,1] [--remote http|s3|s3-nginx|gs-nginx|URL [--latency-ms 25 [--latency-in proxy|server]]]
 
 Data: the raw ImageNet-layout `--source` and its conversions, made (once; the converters skip
 an up-to-date output) under `--cache`:
@@ -239,16 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hw-decoder-loads", default=None,
                         help="dali on CUDA: shares of JPEGs for the hardware decoder, comma-separated (default 0.65)")
     parser.add_argument("--remote", help="also read each webdataset conversion from a URL, beside local disk: "
-                        "'http', 's3' or 's3-nginx' (a server started here on loopback over --cache: nginx, moto's S3 "
-                        "server, or S3 requests answered by nginx; benchmarks/remote_sources.py) or the URL of a folder "
-                        "holding the conversions under their --cache names")
+                        "'http', 's3', 's3-nginx' or 'gs-nginx' (a server started here on loopback over --cache: nginx, "
+                        "moto's S3 server, or S3 or GCS requests answered by nginx; benchmarks/remote_sources.py) or the "
+                        "URL of a folder holding the conversions under their --cache names")
     parser.add_argument("--fetch-size", help="with --remote: the loaders' data.fetch_size (default 1MiB), e.g. "
                         "64KiB where one batch reads from every 1 MiB block of a small split")
     parser.add_argument("--latency-ms", type=float, default=0,
                         help="with --remote: this round trip added to each request (see --latency-in)")
     parser.add_argument("--latency-in", choices=("proxy", "server"), default="proxy",
                         help="with --latency-ms: a user-space proxy in front of the server (any plain-http one), or "
-                        "nginx's own answers delayed (--remote http or s3-nginx; needs libnginx-mod-http-echo), which spares "
+                        "nginx's own answers delayed (--remote http, s3-nginx or gs-nginx; needs libnginx-mod-http-echo), which spares "
                         "the machine's cores the proxy's copies")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration

@@ -7,7 +7,10 @@ folder that holds them, named as under `--cache`), or a server started here on l
 - `s3-nginx`: the loaders' S3 requests, signed and path-style as to any S3-compatible endpoint,
   answered by nginx serving `--cache` as the bucket `bench`. It reads only and checks no
   signature; what it measures is the S3 client path's cost at a store's own cost to the node
-  (none), as a node reading a real bucket sees it.
+  (none), as a node reading a real bucket sees it;
+- `gs-nginx`: the same for the loaders' Google Cloud Storage requests (gs://bench/...), sent to
+  nginx by a service-account file that names it as the endpoint (`gcs_base_url`, as GCS
+  emulators are reached) and turns OAuth off.
 
 `--latency-ms` adds that round trip to every request, as a cloud store far from the node would:
 by putting the server (or a user's plain-http one) behind `benchmarks/latency_proxy.py`, or,
@@ -15,6 +18,7 @@ with `--latency-in server`, inside the loopback nginx, whose answers then start 
 proxy's copies on this machine's cores, which a real store's latency does not cost either)."""
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -24,14 +28,15 @@ from benchmarks.loopback_servers import MotoS3, Nginx
 
 BUCKET = "bench"
 NGINX_S3_ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"}
+NGINX_SERVED = ("http", "s3-nginx", "gs-nginx")
 
 
 class RemoteSource:
     """A context manager: `url_for(conversion folder)` and the `environment` its readers need."""
 
     def __init__(self, where: str, cache: Path, latency_ms: float = 0, latency_in: str = "proxy"):
-        if latency_in == "server" and where not in ("http", "s3-nginx"):
-            raise SystemExit("error: --latency-in server needs --remote http or s3-nginx (the loopback nginx)")
+        if latency_in == "server" and where not in NGINX_SERVED:
+            raise SystemExit("error: --latency-in server needs --remote http, s3-nginx or gs-nginx (the loopback nginx)")
         self.where, self.cache, self.latency_ms, self.latency_in = where, cache, latency_ms, latency_in
         self.environment: dict[str, str] = {}
         self._servers = []
@@ -39,9 +44,9 @@ class RemoteSource:
         self._folder = tempfile.TemporaryDirectory(prefix="remote-source-")
 
     def __enter__(self) -> "RemoteSource":
-        if self.where in ("http", "s3-nginx"):
+        if self.where in NGINX_SERVED:
             root = self.cache
-            if self.where == "s3-nginx":      # path-style S3 asks for /BUCKET/KEY
+            if self.where != "http":      # path-style S3 and GCS ask for /BUCKET/KEY
                 root = Path(self._folder.name) / "buckets"
                 root.mkdir()
                 (root / BUCKET).symlink_to(self.cache.resolve(), target_is_directory=True)
@@ -51,6 +56,12 @@ class RemoteSource:
             if self.where == "s3-nginx":
                 self.environment = {**NGINX_S3_ENVIRONMENT, "AWS_ENDPOINT_URL": url}
                 self._base = f"s3://{BUCKET}"
+            elif self.where == "gs-nginx":
+                account = Path(self._folder.name) / "service-account.json"
+                account.write_text(json.dumps({"gcs_base_url": url, "disable_oauth": True, "client_email": "",
+                                               "private_key": "", "private_key_id": ""}))
+                self.environment = {"GOOGLE_SERVICE_ACCOUNT": str(account), "GOOGLE_ALLOW_HTTP": "true"}
+                self._base = f"gs://{BUCKET}"
             else:
                 self._base = url
         elif self.where == "s3":
@@ -68,7 +79,8 @@ class RemoteSource:
 
     def describe(self) -> str:
         kind = {"http": "nginx on loopback", "s3": "moto's S3 server on loopback",
-                "s3-nginx": "S3 requests answered by nginx on loopback"}.get(self.where, "given URL")
+                "s3-nginx": "S3 requests answered by nginx on loopback",
+                "gs-nginx": "GCS requests answered by nginx on loopback"}.get(self.where, "given URL")
         where = "answers delayed in nginx" if self.latency_in == "server" else "through a delay proxy"
         return f"{kind}{f', +{self.latency_ms:g} ms round trip ({where})' if self.latency_ms else ''}"
 

@@ -19,6 +19,9 @@ from urllib.parse import urlsplit, urlunsplit
 from pipeline.datasets import RemoteDataError
 
 SCHEMES = ("s3", "gs", "http", "https")
+# Plain http to a store, as its client library's own variables allow it (an emulator, a store
+# inside the cluster); the client options set here would otherwise override them
+ALLOW_HTTP_VARIABLES = {"s3": "AWS_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP"}
 # Ranges closer than this are fetched as one request: a request costs far more than a few KiB.
 MERGE_GAP = 64 * 1024
 REQUEST_TIMEOUT_S = 30
@@ -193,12 +196,14 @@ def _containing(starts: list[int], position: int) -> int:
 
 def store_options(url: str, retries: int, timeout_s: float) -> dict:
     """obstore's `from_url` keyword arguments for the URL: retries with backoff, a stalled request
-    abandoned after timeout_s and retried, plain http only where the user named it."""
+    abandoned after timeout_s and retried, plain http only where the user named it (an http:// URL
+    or endpoint, or AWS_ALLOW_HTTP / GOOGLE_ALLOW_HTTP set to true)."""
     scheme = urlsplit(url).scheme.lower()
     retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=60),
              "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5), "base": 2}}
     options = {"timeout": f"{timeout_s:g}s", "connect_timeout": "5s"}
-    if scheme == "http" or (scheme == "s3" and _s3_env().get("aws_endpoint", "").startswith("http://")):
+    if (scheme == "http" or (scheme == "s3" and _s3_env().get("aws_endpoint", "").startswith("http://"))
+            or os.environ.get(ALLOW_HTTP_VARIABLES.get(scheme, ""), "").lower() in ("1", "true")):
         options["allow_http"] = True
     kwargs = {"client_options": options, "retry_config": retry}
     if scheme == "s3":

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import multiprocessing
 import shutil
-
 import time
+from urllib.parse import unquote
 
 import numpy as np
 import pytest
@@ -90,6 +90,23 @@ def test_s3_batches_equal_local_disk_and_resume(converted_sets, photos_in_s3, s3
     # resumed at batch 2 of epoch 1 by a fresh loader with an empty cache
     resumed = build_loader(spec(photos_in_s3, cache_dir=tmp_path / "other-cache"))
     assert_same(batches(local, epoch=1, start=2), batches(resumed, epoch=1, start=2))
+
+
+@pytest.mark.parametrize("cache_limit", [None, 1], ids=["disk-cache", "streamed"])
+def test_gs_batches_equal_local_disk(converted_sets, tmp_path, monkeypatch, cache_limit):
+    """gs:// through the GCS client, sent to the loopback nginx by a service-account file that
+    names it as the endpoint (as GCS emulators are reached), in the fetch process too."""
+    from benchmarks.remote_sources import RemoteSource
+    local = converted_sets["photos"]["webdataset"]
+    with RemoteSource("gs-nginx", local.parent) as source:
+        for name, value in source.environment.items():
+            monkeypatch.setenv(name, value)
+        options = {} if cache_limit is None else {"cache_limit": cache_limit}
+        remote = build_loader(spec(source.url_for(local), cache_dir=tmp_path, **options))
+        assert remote.stored.in_memory == (cache_limit is not None)
+        assert_same(batches(build_loader(spec(local))), batches(remote))
+        [nginx] = source._servers
+        assert "GET /bench/photos_wds/train/shard-000000.tar " in unquote(nginx.access_log.read_text())
 
 
 def test_cache_is_reused_and_bounded(converted_sets, photos_server, tmp_path):
