@@ -3,7 +3,7 @@ bound and the loaders users write from FFCV's and DALI's examples.
 
     python benchmarks/loaders.py [--source data/sample/photos] [--backends ...] [--resolutions 160,128]
                                  [--val-resolutions 224] [--workers 2] [--epochs 3] [--instance-type p4d.24xlarge]
-                                 [--device cuda] [--hw-decoder-loads 0,0.65,1] [--remote http|s3|s3-nginx|gs-nginx|URL [--latency-ms 25 [--latency-in proxy|server]]]
+                                 [--device cuda] [--hw-decoder-loads 0,0.65,1] [--remote http|s3|s3-nginx|gs-nginx|URL [--latency-ms 25 [--latency-in proxy|server]] [--remote-cache streamed|kept]]
 
 Data: the raw ImageNet-layout `--source` and its conversions, made (once; the converters skip
 an up-to-date output) under `--cache`:
@@ -33,9 +33,11 @@ the hardware JPEG decoder (the other backends ignore it).
 local-disk figure, from the same conversion in object storage or behind HTTP
 (`benchmarks/remote_sources.py`), with a cache limit of half the split, so that every
 epoch streams as a dataset larger than a node's disk does (through memory, nothing kept on
-disk; the bytes fetched per epoch show it). Also recorded then: its img/s as a share of local disk's, the bytes and requests
-fetched per epoch against the bytes of the samples read (each from its image to its label in
-the shard), and the time from building the loader to its first batch.
+disk; the bytes fetched per epoch show it), or with `--remote-cache kept` twice the split, so
+that the first epoch (the warm-up) fills the cache and later ones read it. Also recorded then:
+its img/s as a share of local disk's, and its first epoch's, the bytes and requests fetched per
+epoch against the bytes of the samples read (each from its image to its label in the shard),
+and the time from building the loader to its first batch.
 """
 from __future__ import annotations
 
@@ -250,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --latency-ms: a user-space proxy in front of the server (any plain-http one), or "
                         "nginx's own answers delayed (--remote http, s3-nginx or gs-nginx; needs libnginx-mod-http-echo), which spares "
                         "the machine's cores the proxy's copies")
+    parser.add_argument("--remote-cache", choices=("streamed", "kept"), default="streamed",
+                        help="with --remote: a cache limit of half the split, so that every epoch streams through "
+                        "memory, or of twice the split, so that the first epoch fills the cache on disk")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration
     return parser
@@ -297,7 +302,9 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
         variants = [v for name, load, _ in variants
                     for v in [(name, load, False)] + ([(name, load, True)] if CONFIGURATIONS.get(name, ("",))[0]
                                                       in REMOTE_BACKENDS else [])]
-        print(f"# remote: {source.describe()}; a cache of half the split, so that every epoch streams")
+        print(f"# remote: {source.describe()}; " + ("a cache of half the split, so that every epoch streams"
+                                                      if args.remote_cache == "streamed" else
+                                                      "a cache of twice the split, filled in the first epoch"))
     local_figures = {}
     written, bound, path = 0, {}, None
     for split in args.splits.split(","):
@@ -315,10 +322,12 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                                   "options": options, "resolution": resolution, "workers": workers,
                                   "batch_size": args.batch_size, "epochs": args.epochs, "device": args.device,
                                   "synthetic_size": 2300 if split == "train" else 575}
-                        if remote:      # a cache of half the split: every epoch streams
+                        if remote:      # a cache of half the split, where every epoch streams, or one that keeps it
+                            stored = split_bytes(forms[form][0], split)
                             config.update(path=source.url_for(forms[form][0]),
                                           remote={"environment": source.environment,
-                                                  "cache_limit": split_bytes(forms[form][0], split) // 2})
+                                                  "cache_limit": stored // 2 if args.remote_cache == "streamed"
+                                                  else 2 * stored})
                             if args.fetch_size:
                                 config["options"] = {**config["options"], "fetch_size": args.fetch_size}
                         run = subprocess.run([sys.executable, __file__, "--one", json.dumps(config)],
@@ -333,7 +342,9 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                     reference = bound.get((split, "decode_bound"), {}).get("img_per_s")
                     share = figures["img_per_s"] / reference if reference else None
                     if remote and (name, split, resolution, workers) in local_figures:
-                        figures["share_of_local"] = figures["img_per_s"] / local_figures[(name, split, resolution, workers)]
+                        local_rate = local_figures[(name, split, resolution, workers)]
+                        figures["share_of_local"] = figures["img_per_s"] / local_rate
+                        figures["first_epoch_share_of_local"] = figures["images_per_epoch"] / figures["warmup_seconds"] / local_rate
                         figures["remote"] = source.describe()
                     elif not remote:
                         local_figures[(name, split, resolution, workers)] = figures["img_per_s"]
@@ -345,7 +356,8 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                         print(" " * 18 + f"{figures.get('share_of_local', float('nan')):.2f}x local; per epoch "
                               f"{figures['fetched_bytes_per_epoch'] / 2**20:.1f} MiB in {figures['requests_per_epoch']:.0f} "
                               f"requests for {figures['sample_bytes_per_epoch'] / 2**20:.1f} MiB of samples; "
-                              f"first batch {figures['first_batch_seconds']:.2f} s")
+                              f"first batch {figures['first_batch_seconds']:.2f} s; first epoch "
+                              f"{figures.get('first_epoch_share_of_local', float('nan')):.2f}x local")
                     if "engine_us_per_image" in figures:
                         print(" " * 18 + "engine, CPU us per image: " + ", ".join(
                             f"{stage} {us:.0f}" for stage, us in figures["engine_us_per_image"].items()))
