@@ -28,9 +28,10 @@ class WebDatasetLoader(Loader):
                               cache_limit=spec.cache_limit, fetch_timeout=spec.fetch_timeout)
         # RandAugment's operations are Pillow's, in Python: its samples are decoded in DataLoader workers
         self.uses_engine = spec.native_decode and not (spec.train and spec.randaugment)
-        # From a URL the same samples and plans, their bytes fetched into the node's cache; read
-        # at most this many batches past the one handed out
-        reads_ahead = PREFETCH_BATCHES + 1 if self.uses_engine else max(1, spec.num_workers) * PREFETCH_FACTOR + 1
+        # From a URL the same samples and plans, their bytes fetched into the node's cache. Read at
+        # most this many batches past the one last handed out: those made ahead, and the one begun
+        # as the next is taken, before it is handed out
+        reads_ahead = PREFETCH_BATCHES + 2 if self.uses_engine else max(1, spec.num_workers) * PREFETCH_FACTOR + 2
         self.stored = (RemoteShards(data.shards, data.remote, spec.fetch_size, reads_ahead) if data.remote
                        else StoredShards(data.shards))
         self._plan: list[np.ndarray] = []
