@@ -42,7 +42,7 @@ def stream(url: str, blocks: int, most_in_flight: int) -> tuple[float, int]:
         shared.plan(Visits(order, order + 1, order + 1, starts, starts + BLOCK_BYTES), WINDOW, 0)   # block i: batch i + 1
         start = time.perf_counter()
         for block in range(blocks):
-            if not shared.addresses(order[block:block + 1])[0]:
+            if not shared.addresses(order[block:block + 1], starts[block:block + 1], starts[block:block + 1] + BLOCK_BYTES)[0]:
                 raise RuntimeError(f"block {block} was not fetched")
             shared.at(block + 1)
         return blocks * BLOCK_BYTES / (time.perf_counter() - start) / 2**20, shared.peak_in_flight

@@ -19,8 +19,8 @@ three inherited file descriptors:
   their first use: `shared_blocks.Visits`), ("stop",) or end of file;
 - WAKE, a pipe the loader writes a byte to when its position moves;
 - MEMORY, a memfd laid out by `layout`: a header of int64 words (the loader's position, written
-  by it; the counters, written here), the state of each block (ABSENT, FETCHING, FAILED, or the
-  slot holding it) and the slots.
+  by it; the counters, written here), the span of bytes of each block fetched last (first, end),
+  the state of each block (ABSENT, FETCHING, FAILED, or the slot holding it) and the slots.
 
 Positions and batch indices are counted on across epochs, so the next epoch's first blocks can
 be fetched while this one ends. A block whose fetch failed is FAILED: the loader fetches it
@@ -28,9 +28,9 @@ itself, with the retries and the one-line error of `pipeline/object_store.py`.
 
 A visit fetches the bytes its batches read, into the block's slot at their place in the block, so
 the loader finds a sample where it would in the whole block. A block is held for one visit at a
-time: its next visit is fetched once the loader is past the last batch of the one before. The
-loader's plan puts two visits of a block further apart than the batches it reads ahead of the one
-it last handed out, so no batch meets a block held for another visit's bytes.
+time: its next visit is fetched once the loader is past the last batch of the one before, and
+this process has seen it pass (it may be late to: a busy node). The loader checks that a held
+block's span covers the bytes a batch reads, and waits where it does not.
 
 Requests in flight: enough to keep up with the loader across the store's round trip (Little's
 law: twice the bytes it reads a second times a request's time, in blocks), from the setup's
@@ -63,11 +63,12 @@ PAGE = 4096
 RATE_EVERY_S = 0.5      # how often the loader's rate and the round trip are measured again
 
 
-def layout(blocks: int, slots: int, slot_bytes: int) -> tuple[int, int, int]:
-    """(offset of the block states, offset of the slots, total bytes) of the shared memory."""
-    states = HEADER_WORDS * 8
+def layout(blocks: int, slots: int, slot_bytes: int) -> tuple[int, int, int, int]:
+    """(offset of the blocks' spans, of their states, of the slots, total bytes) of the shared memory."""
+    spans = HEADER_WORDS * 8
+    states = spans + 16 * blocks
     arena = -(-(states + 4 * blocks) // PAGE) * PAGE
-    return states, arena, arena + slots * slot_bytes
+    return spans, states, arena, arena + slots * slot_bytes
 
 
 class Fetcher:
@@ -85,9 +86,10 @@ class Fetcher:
         self.rate_mark = (0.0, 0, 0)             # (time, bytes let go by then, the loader's waits by then)
         self.let_go_bytes = 0
         blocks, slots = len(self.block_start), setup["slots"]
-        states_at, arena_at, total = layout(blocks, slots, self.slot_bytes)
+        spans_at, states_at, arena_at, total = layout(blocks, slots, self.slot_bytes)
         self.memory = mmap.mmap(memory_fd, total)
         self.header = np.ndarray(HEADER_WORDS, np.int64, self.memory, 0)
+        self.span = np.ndarray((blocks, 2), np.int64, self.memory, spans_at)
         self.state = np.ndarray(blocks, np.int32, self.memory, states_at)
         self.arena = memoryview(self.memory)[arena_at:]
         self.free = list(range(slots - 1, -1, -1))
@@ -167,6 +169,7 @@ class Fetcher:
             self.next += 1
             self.slot_of[block] = self.free.pop()
             self.held[block], self.until[block] = (int(start[visit]), int(end[visit])), int(last[visit])
+            self.span[block] = self.held[block]      # before the state names a slot: the loader checks it
             self.state[block] = FETCHING
             heapq.heappush(self.let_go_at, (self.until[block], block))
             self.in_flight += 1

@@ -176,12 +176,12 @@ class RemoteShards(StoredShards):
             self.source.cache.get(self.block_name(block), lambda: self.fetch(block))
 
     @contextmanager
-    def _holding(self, blocks: list[int]):
-        """The blocks, fetched where need be, while the context lasts: (fds, None), the file
-        descriptors of their files in the cache (kept open after), or (None, (addresses, buffers))
-        of the memory holding them."""
+    def _holding(self, blocks: list[int], starts: np.ndarray, ends: np.ndarray):
+        """The blocks, of which the bytes from `starts` to `ends` are read, fetched where need be,
+        while the context lasts: (fds, None), the file descriptors of their files in the cache
+        (kept open after), or (None, (addresses, buffers)) of the memory holding them."""
         if self._shared is not None:
-            addresses = self._shared.addresses(np.asarray(blocks, np.int64))
+            addresses = self._shared.addresses(np.asarray(blocks, np.int64), starts, ends)
             missing = [i for i, address in enumerate(addresses.tolist()) if not address]
             if not missing:
                 yield None, (addresses, None)
@@ -200,7 +200,11 @@ class RemoteShards(StoredShards):
     @contextmanager
     def located(self, ids: np.ndarray):
         blocks, which = np.unique(self.block_of[ids], return_inverse=True)
-        with self._holding(blocks.tolist()) as (fds, in_memory):
+        sample_starts, sample_ends = sample_spans(self.members[ids])
+        starts, ends = np.full(len(blocks), np.iinfo(np.int64).max, np.int64), np.zeros(len(blocks), np.int64)
+        np.minimum.at(starts, which, sample_starts)
+        np.maximum.at(ends, which, sample_ends)
+        with self._holding(blocks.tolist(), starts, ends) as (fds, in_memory):
             base = self.block_start[self.block_of[ids]]
             members = self.members[ids]
             if in_memory is None:
@@ -216,14 +220,15 @@ class RemoteShards(StoredShards):
         image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
         first, end = min(image_at, label_at), max(image_at + image_size, label_at + 4)
         # In the fetch process's memory, the block stays while the batch reading the sample is not handed out
-        shared = self._shared.view(block) if self._shared is not None and self._shared.addresses(np.array([block]))[0] else None
+        shared = (self._shared.view(block) if self._shared is not None
+                  and self._shared.addresses(np.array([block]), np.array([first]), np.array([end]))[0] else None)
         if shared is not None:
             chunk = bytes(shared[first - base:end - base])
         elif self._memory is not None:
             with self._memory.held([(block, lambda: self.fetch(block))]) as (_, buffers):
                 chunk = bytes(buffers[0][first - base:end - base])
         else:
-            with self._holding([block]) as (fds, _):
+            with self._holding([block], np.array([first]), np.array([end])) as (fds, _):
                 chunk = os.pread(fds[0], end - first, first - base)
         label = int.from_bytes(chunk[label_at - first:label_at - first + 4], "little", signed=True)
         return chunk[image_at - first:image_at - first + image_size], label

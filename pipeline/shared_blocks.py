@@ -36,6 +36,7 @@ from pipeline.block_fetcher import (ABSENT, BYTES, FETCHING, HEADER_WORDS, LOADE
 FETCHER = Path(block_fetcher.__file__)
 START_PATIENCE_S = 20       # for the fetcher to start (a cold interpreter on a busy node)
 ISSUE_PATIENCE_S = 2        # for it to begin fetching a block of the plan it has not begun yet
+OTHER_VISIT = -4            # a state seen here only: the block is held for other bytes than those read
 
 
 class Visits(NamedTuple):
@@ -73,10 +74,11 @@ class SharedBlocks:
         self.block_sizes = block_end - block_start
         self._pid = os.getpid()
         self._memory_fd = os.memfd_create("fastpipe-blocks", os.MFD_CLOEXEC)
-        states_at, arena_at, total = block_fetcher.layout(len(block_start), slots, slot_bytes)
+        spans_at, states_at, arena_at, total = block_fetcher.layout(len(block_start), slots, slot_bytes)
         os.ftruncate(self._memory_fd, total)
         self._memory = mmap.mmap(self._memory_fd, total)
         self.header = np.ndarray(HEADER_WORDS, np.int64, self._memory, 0)
+        self.span = np.ndarray((len(block_start), 2), np.int64, self._memory, spans_at)
         self.state = np.ndarray(len(block_start), np.int32, self._memory, states_at)
         self.state[:] = ABSENT
         self._arena = np.ndarray(slots * slot_bytes, np.uint8, self._memory, arena_at)
@@ -131,13 +133,26 @@ class SharedBlocks:
         except BrokenPipeError:       # it ended: the blocks are fetched here (`addresses` gives 0)
             pass
 
-    def addresses(self, blocks: np.ndarray) -> np.ndarray:
-        """The address of each block's bytes, waiting for those on their way; 0 where the caller is
-        to fetch the block itself."""
-        states = self.state[blocks]
+    def addresses(self, blocks: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """The address of each block's bytes, of which the caller reads those from `starts` to
+        `ends` (offsets in its shard), waiting for those on their way; 0 where the caller is to
+        fetch the block itself."""
+        states = self._states(blocks, starts, ends)
         if (states < 0).any():
-            states = self._wait(blocks, states)
+            states = self._wait(blocks, states, starts, ends)
         return np.where(states >= 0, self.arena_address + states.astype(np.int64) * self.slot_bytes, 0).astype(np.uint64)
+
+    def _states(self, blocks: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """The blocks' states, OTHER_VISIT where a block is held for bytes other than those read
+        (its earlier visit, which the fetcher has yet to let go). The states are read again after
+        the spans, so that a slot let go and taken again in between is not believed."""
+        while True:
+            states = self.state[blocks]
+            spans = self.span[blocks]
+            if np.array_equal(states, self.state[blocks]):
+                break
+        covered = (spans[:, 0] <= starts) & (ends <= spans[:, 1])
+        return np.where((states >= 0) & ~covered, OTHER_VISIT, states)
 
     def view(self, block: int) -> memoryview | None:
         """The block's bytes where the fetcher has them, else None: of them, those of the visit it
@@ -147,14 +162,14 @@ class SharedBlocks:
             return None
         return memoryview(self._arena)[state * self.slot_bytes:state * self.slot_bytes + int(self.block_sizes[block])]
 
-    def _wait(self, blocks: np.ndarray, states: np.ndarray) -> np.ndarray:
+    def _wait(self, blocks: np.ndarray, states: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         waited_from, pause, checked = time.monotonic(), 0.0002, time.monotonic()
         counted = False
         while True:
             now = time.monotonic()
             ready = self.header[READY] or now - self._started > START_PATIENCE_S
             issue_patience = ISSUE_PATIENCE_S if ready else START_PATIENCE_S
-            pending = (states == FETCHING) | ((states == ABSENT) & self.planned[blocks] &
+            pending = (states == FETCHING) | (((states == ABSENT) | (states == OTHER_VISIT)) & self.planned[blocks] &
                                               (now - waited_from < issue_patience))
             if not pending.any():
                 return states
@@ -167,7 +182,7 @@ class SharedBlocks:
                 counted = True
             time.sleep(pause)
             pause = min(pause * 2, 0.005)
-            states = self.state[blocks]
+            states = self._states(blocks, starts, ends)
 
     def counted(self) -> tuple[int, int]:
         """(requests, bytes) the fetcher made since the last call."""
