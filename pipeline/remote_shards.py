@@ -176,12 +176,14 @@ class RemoteShards(StoredShards):
             self.source.cache.get(self.block_name(block), lambda: self.fetch(block))
 
     @contextmanager
-    def _holding(self, blocks: list[int], starts: np.ndarray, ends: np.ndarray):
-        """The blocks, of which the bytes from `starts` to `ends` are read, fetched where need be,
-        while the context lasts: (fds, None), the file descriptors of their files in the cache
-        (kept open after), or (None, (addresses, buffers)) of the memory holding them."""
-        if self._shared is not None:
-            addresses = self._shared.addresses(np.asarray(blocks, np.int64), starts, ends)
+    def _holding(self, blocks: list[int], starts: np.ndarray | None, ends: np.ndarray | None):
+        """The blocks, of which the bytes from `starts` to `ends` are read (needed only with the
+        fetch process), fetched where need be, while the context lasts: (fds, None), the file
+        descriptors of their files in the cache (kept open after), or (None, (addresses, buffers))
+        of the memory holding them."""
+        shared = self._shared
+        if shared is not None and starts is not None:
+            addresses = shared.addresses(np.asarray(blocks, np.int64), starts, ends)
             missing = [i for i, address in enumerate(addresses.tolist()) if not address]
             if not missing:
                 yield None, (addresses, None)
@@ -200,10 +202,12 @@ class RemoteShards(StoredShards):
     @contextmanager
     def located(self, ids: np.ndarray):
         blocks, which = np.unique(self.block_of[ids], return_inverse=True)
-        sample_starts, sample_ends = sample_spans(self.members[ids])
-        starts, ends = np.full(len(blocks), np.iinfo(np.int64).max, np.int64), np.zeros(len(blocks), np.int64)
-        np.minimum.at(starts, which, sample_starts)
-        np.maximum.at(ends, which, sample_ends)
+        starts = ends = None
+        if self._shared is not None:     # the bytes of each block the batch reads, checked against what is held
+            sample_starts, sample_ends = sample_spans(self.members[ids])
+            starts, ends = np.full(len(blocks), np.iinfo(np.int64).max, np.int64), np.zeros(len(blocks), np.int64)
+            np.minimum.at(starts, which, sample_starts)
+            np.maximum.at(ends, which, sample_ends)
         with self._holding(blocks.tolist(), starts, ends) as (fds, in_memory):
             base = self.block_start[self.block_of[ids]]
             members = self.members[ids]
