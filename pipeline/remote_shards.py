@@ -272,7 +272,7 @@ class RemoteShards(StoredShards):
         epochs' reads are cut into visits together, with one gap for the whole run: a visit
         fetched ahead then holds the bytes of the one the next plan begins with, and is kept for it.
         The next epoch's visit of a block this one reads last is fetched once that is let go."""
-        if self._visit_gap is None:     # more than the loader reads ahead: no batch meets a block held for another visit
+        if self._visit_gap is None:     # one gap for every plan, so a visit fetched ahead is the next plan's
             self._visit_gap = window
         batches = plan[start:] + (following() if following is not None else [])
         next_epoch = self._base + len(plan)
