@@ -424,19 +424,26 @@ def test_ffcv_from_a_url_reads_a_staged_copy_checked_against_the_manifest(conver
 
 
 def test_dali_from_a_url_reads_through_the_same_fetcher(converted_sets, photos_server, tmp_path):
-    """DALI from a URL: an external source in the webdataset backend's order. Val (stored order,
-    center crops) gives DALI's local batches bit for bit; train the webdataset plan's labels."""
+    """DALI from a URL: an external source in the webdataset backend's order, giving DALI's local
+    batches bit for bit, from the disk cache and streamed through the fetch process. Streamed,
+    each epoch's run starts (and reads) while the last one's batches are still handed out, and
+    small blocks make the fetch process's visits cross the epochs' boundary."""
     pytest.importorskip("nvidia.dali")
     url = f"{photos_server.url}/photos_wds"
     val = dict(backend="dali", split="val", num_workers=1)
     local = batches(build_loader(spec(converted_sets["photos"]["webdataset"], **val)))
     assert_same(local, batches(build_loader(spec(url, cache_dir=tmp_path, **val))))
-    streamed = build_loader(spec(url, cache_dir=tmp_path / "streamed", cache_limit=1, **val))   # through memory
+    train = dict(backend="dali", num_workers=1, batch_size=4)
+    local = build_loader(spec(converted_sets["photos"]["webdataset"], **train))
+    streamed = build_loader(spec(url, cache_dir=tmp_path / "streamed", cache_limit=1, fetch_size="64KiB", **train))
     assert streamed.stored.in_memory
-    assert_same(local, batches(streamed))
-    train = batches(build_loader(spec(url, cache_dir=tmp_path, backend="dali", num_workers=1)), epoch=1)
-    planned = batches(build_loader(spec(url, cache_dir=tmp_path)), epoch=1)
-    assert [labels.tolist() for _, labels in train] == [labels.tolist() for _, labels in planned]
+    for epoch in (0, 1):
+        assert_same(batches(local, epoch), batches(streamed, epoch))
+    assert streamed.stored._shared.alive
+    split_bytes = int(np.subtract(*sample_spans(streamed.stored.members)[::-1]).sum())
+    fetched = streamed.stored.source.store.bytes_read
+    assert fetched > 1.5 * split_bytes      # each epoch streamed again: nothing kept on disk
+    assert not list((tmp_path / "streamed").rglob(f"*{BLOCK_SUFFIX}"))
 
 
 def test_the_epoch_length_is_known_from_a_url_before_the_loader_is_built(photos_server):

@@ -116,18 +116,21 @@ class DALILoader(Loader):
             ids = rank_samples(self.count, epoch, spec.seed, spec.rank, spec.world_size, shuffle=spec.train)
             return fn.readers.file(files=[self.files[i].path for i in ids], labels=[self.files[i].label for i in ids],
                                    random_shuffle=False, pad_last_batch=True, name="reader")
-        return fn.external_source(source=_PlannedBatches(self.stored, self.stored.epoch_batches(spec, epoch)),
+        source = _PlannedBatches(self.stored, self.stored.epoch_batches(spec, epoch),
+                                 following=lambda: self.stored.epoch_batches(spec, epoch + 1))
+        return fn.external_source(source=source,
                                   num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32])
 
 
 class _PlannedBatches:
     """An external source of one epoch's (JPEG bytes, label) batches, in the webdataset backend's
     plan, read from the shards (from a URL, `pipeline/remote_shards.py` fetches ahead from the
-    first batch on). Each batch's bytes are read in a thread while DALI works on the one before:
-    DALI calls a source from the thread that schedules its runs, the training loop's."""
+    first batch on, and near the end the first batches of `following()`, the next epoch's plan).
+    Each batch's bytes are read in a thread while DALI works on the one before: DALI calls a
+    source from the thread that schedules its runs, the training loop's."""
 
-    def __init__(self, stored: StoredShards, plan: list):
-        self.stored, self.plan = stored, plan
+    def __init__(self, stored: StoredShards, plan: list, following=None):
+        self.stored, self.plan, self.following = stored, plan, following
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="dali-source")
         self._next: tuple[int, Future] | None = None
 
@@ -137,7 +140,7 @@ class _PlannedBatches:
             self._reader.shutdown(wait=False)
             raise StopIteration
         if index == 0:
-            self.stored.read_ahead(self.plan, 0)
+            self.stored.read_ahead(self.plan, 0, self.following)
         else:       # the batches before this one have been handed to DALI
             self.stored.consumed(index - 1)
         ahead, self._next = self._next, None
