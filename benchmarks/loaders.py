@@ -37,7 +37,9 @@ disk; the bytes fetched per epoch show it), or with `--remote-cache kept` twice 
 that the first epoch (the warm-up) fills the cache and later ones read it. Also recorded then:
 its img/s as a share of local disk's, and its first epoch's, the bytes and requests fetched per
 epoch against the bytes of the samples read (each from its image to its label in the shard),
-and the time from building the loader to its first batch.
+the time from building the loader to its first batch, and the CPU time per epoch of the fetch
+process and of the servers on this machine (nginx, the latency proxy, moto): a node reading a
+real store does not pay the second, which a loopback figure here shares the cores with.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from benchmarks.hardware import RESULTS, append_results, cpu_words, signature  # noqa: E402
-from benchmarks.remote_sources import RemoteSource  # noqa: E402
+from benchmarks.remote_sources import RemoteSource, cpu_seconds  # noqa: E402
 from pipeline.datasets import REMOTE_BACKENDS  # noqa: E402
 
 # name -> (how it is built, the data form it reads)
@@ -151,13 +153,14 @@ def measure(config: dict) -> dict:
     built = time.perf_counter()
     loader = build(config)
     seconds, busy, total, stages_after_warmup, first_batch = [], 0, 0, None, None
-    fetched, requests = [], []
+    fetched, requests, fetch_process_cpu, server_cpu = [], [], [], []
     for epoch in range(config["epochs"] + 1):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         if remote:
             store = loader.stored.source.store
             bytes0, requests0 = store.bytes_read, store.requests
+            fetcher0, server0 = fetch_process_seconds(loader), servers_seconds(remote)
         busy0, total0 = busy_jiffies()
         started = time.perf_counter()
         images = 0
@@ -176,6 +179,8 @@ def measure(config: dict) -> dict:
         if remote:
             fetched.append(store.bytes_read - bytes0)
             requests.append(store.requests - requests0)
+            fetch_process_cpu.append(fetch_process_seconds(loader) - fetcher0)
+            server_cpu.append(servers_seconds(remote) - server0)
     memory.running = False
     figures = {"img_per_s": images / statistics.median(seconds[1:]), "images_per_epoch": images,
                "epoch_seconds": seconds[1:], "warmup_seconds": seconds[0], "cpu_util": busy / total if total else None,
@@ -187,7 +192,9 @@ def measure(config: dict) -> dict:
         figures.update(fetched_bytes_per_epoch=statistics.median(fetched[1:]),
                        requests_per_epoch=statistics.median(requests[1:]), sample_bytes_per_epoch=read,
                        cache_limit=config["options"]["cache_limit"], streamed_in_memory=loader.stored.in_memory,
-                       fetch_size=loader.stored.block_bytes)
+                       fetch_size=loader.stored.block_bytes,
+                       fetch_process_cpu_s_per_epoch=statistics.median(fetch_process_cpu[1:]),
+                       server_cpu_s_per_epoch=statistics.median(server_cpu[1:]))
         shutil.rmtree(config["options"]["cache_dir"], ignore_errors=True)
     if stages_after_warmup and loader.engine_samples > stages_after_warmup[1]:
         # CPU microseconds per image in each stage of the decode engine, over the timed epochs
@@ -195,6 +202,17 @@ def measure(config: dict) -> dict:
         figures["engine_us_per_image"] = {stage: 1e6 * (seconds - stages_after_warmup[0][stage]) / samples
                                           for stage, seconds in loader.engine_seconds.items()}
     return figures
+
+
+def fetch_process_seconds(loader) -> float:
+    """The CPU time so far of the loader's fetch process (a split streamed through memory); 0 without one."""
+    shared = getattr(loader.stored, "_shared", None)
+    return cpu_seconds(shared.process.pid, descendants=False) if shared is not None else 0.0
+
+
+def servers_seconds(remote: dict) -> float:
+    """The CPU time so far of the servers on this machine that answer the loader's requests."""
+    return sum(cpu_seconds(pid, descendants) for pid, descendants in remote["server_cpu_ids"])
 
 
 def split_bytes(conversion: Path, split: str) -> int:
@@ -327,7 +345,7 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                         if remote:      # a cache of half the split, where every epoch streams, or one that keeps it
                             stored = split_bytes(forms[form][0], split)
                             config.update(path=source.url_for(forms[form][0]),
-                                          remote={"environment": source.environment,
+                                          remote={"environment": source.environment, "server_cpu_ids": source.cpu_ids(),
                                                   "cache_limit": stored // 2 if args.remote_cache == "streamed"
                                                   else 2 * stored})
                             if args.fetch_size:
@@ -359,7 +377,9 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                               f"{figures['fetched_bytes_per_epoch'] / 2**20:.1f} MiB in {figures['requests_per_epoch']:.0f} "
                               f"requests for {figures['sample_bytes_per_epoch'] / 2**20:.1f} MiB of samples; "
                               f"first batch {figures['first_batch_seconds']:.2f} s; first epoch "
-                              f"{figures.get('first_epoch_share_of_local', float('nan')):.2f}x local")
+                              f"{figures.get('first_epoch_share_of_local', float('nan')):.2f}x local; CPU-s per epoch: "
+                              f"fetch process {figures['fetch_process_cpu_s_per_epoch']:.2f}, "
+                              f"server here {figures['server_cpu_s_per_epoch']:.2f}")
                     if "engine_us_per_image" in figures:
                         print(" " * 18 + "engine, CPU us per image: " + ", ".join(
                             f"{stage} {us:.0f}" for stage, us in figures["engine_us_per_image"].items()))

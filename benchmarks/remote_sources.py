@@ -15,10 +15,14 @@ folder that holds them, named as under `--cache`), or a server started here on l
 `--latency-ms` adds that round trip to every request, as a cloud store far from the node would:
 by putting the server (or a user's plain-http one) behind `benchmarks/latency_proxy.py`, or,
 with `--latency-in server`, inside the loopback nginx, whose answers then start that late (no
-proxy's copies on this machine's cores, which a real store's latency does not cost either)."""
+proxy's copies on this machine's cores, which a real store's latency does not cost either).
+
+A server here runs on the cores the loaders use, which a real store does not: `cpu_ids` names its
+processes so that the benchmark counts their CPU time apart (`cpu_seconds`)."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -29,6 +33,31 @@ from benchmarks.loopback_servers import MotoS3, Nginx
 BUCKET = "bench"
 NGINX_S3_ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"}
 NGINX_SERVED = ("http", "s3-nginx", "gs-nginx")
+
+
+def cpu_seconds(pid: int, descendants: bool = True) -> float:
+    """CPU time (user and system) so far of a process, with its live descendants or without; 0
+    where it is gone."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total, pids = 0.0, [pid]
+    while pids:
+        pid = pids.pop()
+        total += _stat_seconds(f"/proc/{pid}/stat", ticks)
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children", encoding="utf-8") as f:
+                pids += [int(child) for child in f.read().split()] if descendants else []
+        except OSError:
+            continue
+    return total
+
+
+def _stat_seconds(path: str, ticks: int) -> float:
+    try:
+        with open(path, encoding="utf-8") as f:
+            fields = f.read().rsplit(")", 1)[1].split()     # after the command, which may hold spaces
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / ticks     # utime, stime
 
 
 class RemoteSource:
@@ -83,6 +112,15 @@ class RemoteSource:
                 "gs-nginx": "GCS requests answered by nginx on loopback"}.get(self.where, "given URL")
         where = "answers delayed in nginx" if self.latency_in == "server" else "through a delay proxy"
         return f"{kind}{f', +{self.latency_ms:g} ms round trip ({where})' if self.latency_ms else ''}"
+
+    def cpu_ids(self) -> list[tuple[int, bool]]:
+        """(pid, with its descendants) of the processes serving here, whose CPU time `cpu_seconds`
+        counts: nginx and its workers; this process alone for the servers it runs in threads (the
+        latency proxy, moto), as it only waits for the loader measured in another."""
+        ids = [(server.process.pid, True) for server in self._servers if isinstance(server, Nginx)]
+        if any(not isinstance(server, Nginx) for server in self._servers):
+            ids.append((os.getpid(), False))
+        return ids
 
     def _start(self, server):
         self._servers.append(server)

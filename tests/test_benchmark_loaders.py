@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from urllib.parse import unquote
 
 import pytest
@@ -74,9 +75,12 @@ def test_remote_rows_sit_beside_local_ones(sample_sets, tmp_path, cache):
     assert "+5 ms" in remote["remote"] and remote["images_per_epoch"] == local["images_per_epoch"] > 0
     assert remote["first_batch_seconds"] > 0
     assert "x local; per epoch" in result.stdout
-    if cache == "kept":     # the first epoch filled the cache: the timed one fetched nothing
+    assert remote["server_cpu_s_per_epoch"] >= 0 and "server here" in result.stdout
+    if cache == "kept":     # the first epoch filled the cache: the timed one fetched nothing, and no process did
         assert not remote["streamed_in_memory"] and remote["fetched_bytes_per_epoch"] == 0
+        assert remote["fetch_process_cpu_s_per_epoch"] == 0
         return
+    assert remote["fetch_process_cpu_s_per_epoch"] >= 0
     # every epoch streamed, none fetched twice; on this three-block split, the blocks the next epoch
     # reads first may be fetched in the epoch before, or kept from it
     assert remote["streamed_in_memory"] and 0 < remote["cache_limit"] < remote["sample_bytes_per_epoch"]
@@ -102,3 +106,26 @@ def test_nginx_answers_the_object_store_clients(served_files, monkeypatch, where
         # GCS's client sends the object's name percent-encoded, slashes included
         asked = {unquote(line.split('"')[1].split()[1]) for line in nginx.access_log.read_text().splitlines()}
         assert f"/bench/{served_files.name}/{shard}" in asked
+
+
+BURN = "import time\nwhile time.process_time() < {seconds}: pass\n"
+
+
+def test_the_servers_cpu_time_is_counted_with_their_workers():
+    """`cpu_seconds`: a process's CPU time with its descendants' (nginx's workers), or its own alone."""
+    from benchmarks.remote_sources import cpu_seconds
+    child = BURN.format(seconds=0.3) + "import sys; sys.stdin.read()"
+    parent = (f"import subprocess, sys\nworker = subprocess.Popen([sys.executable, '-c', {child!r}], stdin=subprocess.PIPE)\n"
+              + BURN.format(seconds=0.2) + "print('burnt', flush=True)\nsys.stdin.read()\nworker.communicate()\n")
+    process = subprocess.Popen([sys.executable, "-c", parent], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "burnt\n"
+        alone = cpu_seconds(process.pid, descendants=False)
+        deadline = time.monotonic() + 60
+        while cpu_seconds(process.pid) < alone + 0.25 and time.monotonic() < deadline:
+            time.sleep(0.05)       # the worker may still be burning
+        assert 0.15 < alone < 0.5
+        assert cpu_seconds(process.pid) >= alone + 0.25
+    finally:
+        process.communicate("")
+    assert cpu_seconds(process.pid) == 0        # gone
