@@ -11,7 +11,8 @@ batches are bit for bit those of the same shards on local disk. Where the blocks
 - a larger one: in memory, while the epoch's plan still needs them, fetched by a process of its
   own into memory shared with this one (`pipeline/shared_blocks.py`), so that fetching takes no
   turns of this process's GIL from the training step. A block that process does not give (one it
-  failed to fetch, one read outside the plan) is fetched here and kept in `pipeline/memory_blocks.py`.
+  failed to fetch, one read outside the plan) is fetched here and kept in `pipeline/memory_blocks.py`;
+  one larger than its slots (a sample larger than `fetch_size`) is fetched ahead here, by threads.
   That process fetches a block for each visit (`block_visits`): a block read at the epoch's start
   and again at its end, where two lanes of the plan meet, is fetched twice, each time the bytes
   then read, rather than held all epoch.
@@ -255,9 +256,16 @@ class RemoteShards(StoredShards):
                 if self._shared is not None:
                     try:
                         self._shared.plan(visits, window, position=self._base + start - 1)
-                        return
                     except OSError:     # it ended
                         self._shared_gone()
+                    else:
+                        # A block larger than the fetch process's slots (a sample larger than the
+                        # fetch size) is fetched ahead by threads here, into `_memory`
+                        oversized = visits.blocks[self.block_end[visits.blocks] - self.block_start[visits.blocks]
+                                                  > self.block_bytes]
+                        if len(oversized):
+                            self._reader = _ReadAhead(self, plan, start, following, only=set(oversized.tolist()))
+                        return
         self._reader = _ReadAhead(self, plan, start, following)
 
     def _window(self, plan: list[np.ndarray], start: int, order: np.ndarray) -> int:
@@ -341,8 +349,10 @@ class _ReadAhead:
     """Fetches a plan's blocks in the order of their first use, a window of batches ahead of the
     consumer. Its failures are dropped: the consumer fetches the block itself and reports them."""
 
-    def __init__(self, shards: RemoteShards, plan: list[np.ndarray], start: int, following=None):
-        self.shards = shards
+    def __init__(self, shards: RemoteShards, plan: list[np.ndarray], start: int, following=None,
+                 only: set[int] | None = None):
+        """only: the blocks to fetch, where not all of them."""
+        self.shards, self.only = shards, only
         self.position = start
         self.stopped = False
         self.on_next_epoch = False        # submitting the next epoch's blocks: stopping lets those run
@@ -359,10 +369,14 @@ class _ReadAhead:
         order, first, _ = block_uses(self.shards.block_of, batches, offset)
         return list(zip(first.tolist(), order.tolist()))
 
+    def _wanted(self, firsts: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return firsts if self.only is None else [(index, block) for index, block in firsts if block in self.only]
+
     def _run(self, plan: list[np.ndarray], start: int, following) -> None:
         # Here, not in the consumer's thread: a walk over the whole plan, at each epoch's start
         firsts = self._first_uses(plan[start:], start)
         self.window = self.shards._window(plan, start, np.array([block for _, block in firsts], np.int64))
+        firsts = self._wanted(firsts)
         if not self.shards.in_memory:     # the blocks already on disk need nothing (a later epoch, all of them)
             cached = self.shards.source.cache.present([self.shards.block_name(b) for _, b in firsts])
             firsts = [(index, block) for index, block in firsts if self.shards.block_name(block) not in cached]
@@ -372,7 +386,7 @@ class _ReadAhead:
             # The blocks the next epoch reads first, as many as the read-ahead's bytes allow, kept in
             # memory past this epoch's end; its batch i is batch len(plan) + i of this plan, so the window
             # reaches them only as this epoch ends. A block it reads later is let go after its last use here.
-            firsts = self._first_uses(following()[:self.window], len(plan))
+            firsts = self._wanted(self._first_uses(following()[:self.window], len(plan)))
             sizes = np.cumsum([int(self.shards.block_end[b] - self.shards.block_start[b]) for _, b in firsts])
             firsts = firsts[:int(np.searchsorted(sizes, self.shards.ahead_bytes, side="right"))]
             self.shards._memory.extend_plan({block: index for index, block in firsts})

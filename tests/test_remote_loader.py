@@ -210,6 +210,30 @@ def test_blocks_the_fetch_process_cannot_give_are_fetched_here(converted_sets, p
     assert not shared.alive
 
 
+def test_a_block_larger_than_the_fetch_process_slots_is_fetched_ahead_here(photos_server, tmp_path):
+    """A sample larger than the fetch size is a block of its own, larger than the fetch process's
+    slots: threads here fetch it ahead into memory, and the batch reading it finds it there."""
+    remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=tmp_path, cache_limit=1, fetch_size="64KiB"))
+    stored = remote.stored
+    oversized = set(np.flatnonzero(stored.block_end - stored.block_start > stored.block_bytes).tolist())
+    plan = stored.epoch_batches(remote.spec, 0)
+    first_use = {}
+    for index, ids in enumerate(plan):
+        for block in stored.block_of[ids].tolist():
+            first_use.setdefault(block, index)
+    # within the first window of both the fetch process (batches to 3) and the threads (to 4)
+    soon = {block for block in oversized if first_use[block] <= 3}
+    assert soon, "the test set needs a sample larger than 64 KiB in its first batches"
+    stored.read_ahead(plan, 0)
+    assert stored._shared is not None and not stored._shared.planned[list(soon)].any()
+    memory = stored._memory._blocks
+    wait_for(lambda: all(block in memory and memory[block].filled for block in soon))
+    requests = stored.source.store.requests       # fetches here; the fetch process's are added as batches are handed out
+    with stored.located(plan[max(first_use[block] for block in soon)]):
+        pass
+    assert stored.source.store.requests == requests
+
+
 def wait_for(condition, limit_s: float = 30.0):
     """condition()'s first true value, asked again until it comes (an event another process makes)."""
     deadline = time.monotonic() + limit_s
