@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 import torch
@@ -116,8 +117,9 @@ class DALILoader(Loader):
             ids = rank_samples(self.count, epoch, spec.seed, spec.rank, spec.world_size, shuffle=spec.train)
             return fn.readers.file(files=[self.files[i].path for i in ids], labels=[self.files[i].label for i in ids],
                                    random_shuffle=False, pad_last_batch=True, name="reader")
+        # A partial of the stored shards, not a lambda: one naming the loader would keep it alive from its own pipeline
         source = _PlannedBatches(self.stored, self.stored.epoch_batches(spec, epoch),
-                                 following=lambda: self.stored.epoch_batches(spec, epoch + 1))
+                                 following=partial(self.stored.epoch_batches, spec, epoch + 1))
         return fn.external_source(source=source,
                                   num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32])
 
