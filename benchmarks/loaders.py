@@ -38,8 +38,9 @@ that the first epoch (the warm-up) fills the cache and later ones read it. Also 
 its img/s as a share of local disk's, and its first epoch's, the bytes and requests fetched per
 epoch against the bytes of the samples read (each from its image to its label in the shard),
 the time from building the loader to its first batch, and the CPU time per epoch of the fetch
-process and of the servers on this machine (nginx, the latency proxy, moto): a node reading a
-real store does not pay the second, which a loopback figure here shares the cores with.
+process and of the servers on this machine (nginx, the latency proxy, moto), with which a
+loopback figure here shares the cores, as a node reading a real store does not (on loopback, a
+server's time also holds part of the TCP receive work that a node pays in its network card's interrupts).
 """
 from __future__ import annotations
 
