@@ -255,16 +255,14 @@ class RemoteShards(StoredShards):
                     self._start_shared(visits, window)
                 if self._shared is not None:
                     try:
-                        self._shared.plan(visits, window, position=self._base + start - 1)
+                        left_out = self._shared.plan(visits, window, position=self._base + start - 1)
                     except OSError:     # it ended
                         self._shared_gone()
                     else:
-                        # A block larger than the fetch process's slots (a sample larger than the
-                        # fetch size) is fetched ahead by threads here, into `_memory`
-                        oversized = visits.blocks[self.block_end[visits.blocks] - self.block_start[visits.blocks]
-                                                  > self.block_bytes]
-                        if len(oversized):
-                            self._reader = _ReadAhead(self, plan, start, following, only=set(oversized.tolist()))
+                        # Blocks larger than the fetch process's slots (a sample larger than the
+                        # fetch size) are fetched ahead by threads here, into `_memory`
+                        if left_out:
+                            self._reader = _ReadAhead(self, plan, start, following, only=left_out)
                         return
         self._reader = _ReadAhead(self, plan, start, following)
 

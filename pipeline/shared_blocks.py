@@ -111,16 +111,20 @@ class SharedBlocks:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def plan(self, visits: Visits, window: int, position: int) -> None:
-        """The fetcher's plan from here on (blocks larger than a slot are left out), the loader at
-        `position`; the window shrinks where the slots would not hold it."""
-        visits = visits.select(self.block_sizes[visits.blocks] <= self.slot_bytes)
+    def plan(self, visits: Visits, window: int, position: int) -> set[int]:
+        """The fetcher's plan from here on, the loader at `position`; the window shrinks where the
+        slots would not hold it. Returns the blocks left out, those larger than a slot, for the
+        caller to fetch."""
+        fits = self.block_sizes[visits.blocks] <= self.slot_bytes
+        left_out = set(visits.blocks[~fits].tolist())
+        visits = visits.select(fits)
         while window > 1 and most_held(visits.first, visits.last, window) > self.slots:
             window //= 2
         self.planned[:] = False
         self.planned[visits.blocks] = True
         self.header[POSITION] = position
         self._control.send(("plan", *visits, window))
+        return left_out
 
     def at(self, position: int) -> None:
         """The loader has handed out batch `position`: the fetcher may go on, and let go of the
