@@ -9,7 +9,8 @@ the rest of the suite. Two steps are added here, before the worker ends:
 - the processes the test started (a torchrun and its ranks, a tool) are killed, so none runs on
   beside the tests that follow;
 - every thread's stack is written to a file that the controller attaches to the test's failure
-  report, since whatever a worker prints is lost with it.
+  report, since whatever a worker prints is lost with it, with a line for each thread of each
+  process the test started: where in the kernel it waited (a rank in a collective, a read).
 """
 from __future__ import annotations
 
@@ -49,9 +50,33 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def process_table(pids: list[int]) -> str:
+    """A line per process and per thread of it: state, the kernel function it sleeps in (wchan)
+    and its command, so that a hang in a test's child (a rank, a tool) says where it waited."""
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+            for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                    wchan = f.read().strip() or "-"
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+                lines.append(f"  {pid}/{tid} ppid {int(fields[1])} {fields[0].decode()} {wchan} [{name}]"
+                             + (f": {command}" if tid == str(pid) else ""))
+        except (OSError, ValueError):
+            continue
+    return "\n".join(lines)
+
+
 def end_hung_test(item, settings) -> None:
     import pytest_timeout
-    for pid in descendants(os.getpid()):
+    children = descendants(os.getpid())
+    table = process_table(children)     # before they are killed
+    for pid in children:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -63,6 +88,7 @@ def end_hung_test(item, settings) -> None:
                       f"(most recent call first):\n")
             out.flush()
             faulthandler.dump_traceback(file=out, all_threads=True)
+            out.write(f"\nThe processes it started, then killed (pid/thread, state, kernel wait, name):\n{table or '  none'}\n")
     pytest_timeout.timeout_timer(item, settings)     # dumps the stacks to the terminal, then os._exit(1)
 
 

@@ -54,4 +54,7 @@ def test_a_hung_test_fails_by_name_and_the_rest_still_run(tmp_path):
     hung_at = output.split("where it hung", 1)[-1]                                   # the stacks came back
     assert re.search(r"test_hung.py\", line \d+ in test_hangs_in_c", hung_at), output[-3000:]
     child = int(pid_file.read_text())
+    # and where its child waited, before it was killed
+    assert re.search(rf"  {child}/{child} ppid \d+ \S+ \S+ \[python\S*\]: \S*python\S* -c import time", hung_at), \
+        output[-3000:]
     assert not alive(child), "the hung test's child process was left running"
