@@ -10,13 +10,23 @@ waits and then finds it there.
 Past `limit` bytes, the least recently used blocks are deleted (by modification time, which
 each use renews) until the cache holds `EVICT_TO` of it. A process still reading a deleted
 block keeps its open file; the next one to need it fetches it again.
+
+A disk that fills before the limit (a limit larger than the disk, or other files growing on it)
+lowers the limit below what the cache holds, with one line saying so, and evicts to make room;
+a block that still finds no room is handed to its reader in memory (a memfd) and not kept. A run
+thus goes on, at the cost of fetching again what it could not keep. `room` says beforehand what the
+disk can take, so that a split it cannot hold streams through memory from the start
+(`pipeline/remote_shards.py`).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
 import re
+import shutil
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -30,6 +40,11 @@ EVICT_TO = 0.9          # of the limit, so that eviction is not run again at the
 BLOCK_SUFFIX = ".block"
 RENEW_SECONDS = 1.0          # how often a block kept open is marked used again, for the LRU
 STALE_TMP_SECONDS = 600      # a block takes far less to write; older temporary files are a dead writer's
+# Left free on the cache's disk, at most RESERVE_MOST: a run's checkpoints and logs often share it
+DISK_RESERVE = 0.05
+RESERVE_MOST = 4 << 30
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+LOWER_ONCE_S = 1.0
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
           "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
@@ -52,20 +67,30 @@ class BlockCache:
         (self.root / ".locks").mkdir(parents=True, exist_ok=True)
         self._added_since_scan = limit      # scan at the first block this process adds
         self._lock = threading.Lock()
+        self._lowered_at = 0.0              # time.monotonic() when a full disk last lowered the limit
         self.fetched_bytes = 0              # by this process
         self.fetches = 0
 
     def path(self, name: str) -> Path:
         return self.root / f"{name}{BLOCK_SUFFIX}"
 
+    def room(self) -> int:
+        """The bytes its disk can take now, less a reserve for the rest of the run."""
+        disk = shutil.disk_usage(self.root)
+        return max(0, disk.free - min(int(DISK_RESERVE * disk.total), RESERVE_MOST))
+
     def open(self, name: str, fetch: Callable[[], bytes]) -> int:
-        """An open file descriptor (O_RDONLY) of block `name`, fetched if need be; the caller closes it."""
-        for _ in range(3):
+        """A file descriptor to pread block `name` from, fetched if need be: its file (O_RDONLY), or
+        a memfd holding it where the disk has no room for it. The caller closes it."""
+        for attempt in range(3):
+            got = self._got(name, fetch)
+            if not isinstance(got, Path):
+                return _in_memory_file(name, got)
             try:
-                return os.open(self.get(name, fetch), os.O_RDONLY)
-            except FileNotFoundError:       # evicted by another process between get and open
-                continue
-        return os.open(self.get(name, fetch), os.O_RDONLY)
+                return os.open(got, os.O_RDONLY)
+            except FileNotFoundError:       # evicted by another process between the fetch and the open
+                if attempt == 2:
+                    raise
 
     def present(self, names: list[str]) -> set[str]:
         """Which of the blocks `names` are in the cache now: a listing of each folder rather than
@@ -86,8 +111,14 @@ class BlockCache:
         """Marks block `name` recently used, if it is still there."""
         _renew(self.path(name))
 
-    def get(self, name: str, fetch: Callable[[], bytes]) -> Path:
-        """The file holding block `name`, fetched with `fetch()` unless a process has already."""
+    def get(self, name: str, fetch: Callable[[], bytes]) -> Path | None:
+        """The file holding block `name`, fetched with `fetch()` unless a process has already;
+        None where the disk had no room to keep it."""
+        got = self._got(name, fetch)
+        return got if isinstance(got, Path) else None
+
+    def _got(self, name: str, fetch: Callable[[], bytes]):
+        """The file holding block `name`, or its bytes where the disk had no room for them."""
         path = self.path(name)
         if _renew(path):
             return path
@@ -98,11 +129,7 @@ class BlockCache:
                 if _renew(path):                # fetched by whoever held the lock before us
                     return path
                 data = fetch()
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-                with open(tmp, "wb") as out:
-                    out.write(data)
-                os.replace(tmp, path)
+                kept = self._kept(path, data)
             finally:
                 # Unlocked explicitly, not by closing: a process forked meanwhile (a DataLoader
                 # starting its workers) holds a copy of this file, and with it the lock, until it exits.
@@ -110,18 +137,58 @@ class BlockCache:
         with self._lock:
             self.fetched_bytes += len(data)
             self.fetches += 1
-            self._added_since_scan += len(data)
-            due = self._added_since_scan >= (1 - EVICT_TO) * self.limit
+            if kept:
+                self._added_since_scan += len(data)
+            due = kept and self._added_since_scan >= (1 - EVICT_TO) * self.limit
             if due:
                 self._added_since_scan = 0
         if due:
             self.evict(keep=path)
-        return path
+        return path if kept else data
+
+    def _kept(self, path: Path, data) -> bool:
+        """Writes block file `path`; False where its disk is full even after the cache evicted to
+        make room."""
+        for attempt in range(2):
+            try:
+                _write_file(path, data)
+                return True
+            except OSError as error:
+                if error.errno not in FULL_DISK:
+                    raise
+            if attempt == 0 and not self._out_of_room():
+                break
+        return False
+
+    def _out_of_room(self) -> int:
+        """The disk filled before the limit: the limit lowered to what the cache holds, least
+        recently used blocks evicted; the bytes freed."""
+        with self._lock:
+            # Writers failing together are one event: each lowering the limit again would take it to nothing
+            if time.monotonic() - self._lowered_at < LOWER_ONCE_S:
+                return 0
+            blocks = self._blocks()
+            # Below what filled the disk: a scan is due only every (1 - EVICT_TO) of the limit added
+            lowered = int(EVICT_TO * sum(size for _, size, _ in blocks))
+            if lowered < self.limit and not self._lowered_at:
+                print(f"{self.root}: its disk is full; the cache keeps at most {lowered / (1 << 20):,.0f} MiB from "
+                      f"now on (data.cache_limit {self.limit / (1 << 20):,.0f} MiB), so what it cannot keep is "
+                      f"fetched again", file=sys.stderr, flush=True)
+            self.limit = min(self.limit, lowered)
+            self._lowered_at = time.monotonic()
+        return self._delete_oldest(blocks)
 
     def evict(self, keep: Path | None = None) -> int:
         """Deletes least recently used blocks until the cache holds at most EVICT_TO of its
         limit, if it holds more than the limit, never `keep` (the block about to be read);
         returns the bytes it freed."""
+        blocks = self._blocks()
+        if sum(size for _, size, _ in blocks) <= self.limit:
+            return 0
+        return self._delete_oldest(blocks, keep)
+
+    def _blocks(self) -> list[tuple[int, int, str]]:
+        """(time of last use, size, path) of each block in the cache; stale temporary files removed."""
         blocks, now = [], time.time()
         for folder, _, files in os.walk(self.root):
             for file in files:
@@ -133,10 +200,11 @@ class BlockCache:
                     except FileNotFoundError:   # evicted by another process meanwhile
                         continue
                     blocks.append((stat.st_mtime_ns, stat.st_size, os.path.join(folder, file)))
-        total = sum(size for _, size, _ in blocks)
-        if total <= self.limit:
-            return 0
-        freed = 0
+        return blocks
+
+    def _delete_oldest(self, blocks: list[tuple[int, int, str]], keep: Path | None = None) -> int:
+        """Deletes the least recently used of `blocks` until they hold EVICT_TO of the limit; the bytes freed."""
+        total, freed = sum(size for _, size, _ in blocks), 0
         for _, size, file in sorted(blocks):
             if total - freed <= EVICT_TO * self.limit:
                 break
@@ -216,6 +284,13 @@ class OpenBlocks:
             if self._files[name].holders == 0:
                 os.close(self._files.pop(name).fd)
 
+    def close_unheld(self) -> None:
+        """Closes the files no reader holds, and each other one once let go: a split that no
+        longer reads them (it streams through memory now) must not keep evicted files' space."""
+        with self._lock:
+            self.capacity = 0
+            self._close_beyond_capacity()
+
     def close(self) -> None:
         with self._lock:
             if self._pid == os.getpid():
@@ -238,6 +313,29 @@ def _remove_stale(tmp: str, now: float) -> None:
             os.unlink(tmp)
     except FileNotFoundError:
         pass
+
+
+def _write_file(path: Path, data) -> None:
+    """Block file `path` written under a temporary name and renamed into place; on a failure
+    (a full disk) nothing is left behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _in_memory_file(name: str, data) -> int:
+    """A memfd holding `data`, read as the block's file would be."""
+    fd = os.memfd_create(name.rpartition("/")[2], os.MFD_CLOEXEC)
+    view, done = memoryview(data), 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+    return fd
 
 
 def _renew(path: Path) -> bool:

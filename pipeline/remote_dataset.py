@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from pipeline.atomic_files import write_bytes_atomic
-from pipeline.block_cache import BlockCache, parse_size
+from pipeline.block_cache import FULL_DISK, BlockCache, parse_size
 from pipeline.datasets import CONVERTERS, ConvertedSplit, DatasetError, RemoteDataError, Shard, member_table, split_record
 from pipeline.manifest import MANIFEST, ManifestError, parse_manifest
 from pipeline.object_store import ObjectStore, RemoteNotFound, open_store
@@ -71,19 +71,25 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
     cache = BlockCache(root, parse_size(cache_limit if cache_limit is not None else DEFAULT_CACHE_LIMIT))
     dataset = hashlib.sha256(store.shown.encode() + b"\0" + raw).hexdigest()[:16]
     folder = root / dataset
-    (folder / split).mkdir(parents=True, exist_ok=True)
-    if not (folder / MANIFEST).exists():
-        write_bytes_atomic(folder / MANIFEST, raw, durable=False)
     shards, first = [], 0
     for entry in record.get("shards", []):
         shards.append(Shard(store.where(f"{split}/{entry['tar']}"), folder / split / entry["index"], entry["count"],
                             first, object_name=f"{split}/{entry['tar']}"))
         first += entry["count"]
-    with ThreadPoolExecutor(INDEX_FETCHES) as pool:
-        fetches = [pool.submit(_fetch_index, store, f"{split}/{entry['index']}", shard.index)
-                   for shard, entry in zip(shards, record.get("shards", []))]
-        for fetch in fetches:
-            fetch.result()               # the first failure, as its one line
+    try:
+        (folder / split).mkdir(parents=True, exist_ok=True)
+        if not (folder / MANIFEST).exists():
+            write_bytes_atomic(folder / MANIFEST, raw, durable=False)
+        with ThreadPoolExecutor(INDEX_FETCHES) as pool:
+            fetches = [pool.submit(_fetch_index, store, f"{split}/{entry['index']}", shard.index)
+                       for shard, entry in zip(shards, record.get("shards", []))]
+            for fetch in fetches:
+                fetch.result()               # the first failure, as its one line
+    except OSError as error:
+        if error.errno not in FULL_DISK:
+            raise
+        raise DatasetError(f"{root}: no room on its disk for the indexes of {store.shown} ({error.strerror}); "
+                           f"free some, or set data.cache_dir to a larger disk") from None
     for shard in shards:
         shard.members = member_table(shard)
     files = [Path(name) for name in record["files"]]

@@ -41,7 +41,8 @@ from pipeline.memory_blocks import MemoryBlocks
 from pipeline.shared_blocks import SharedBlocks, Visits, most_held
 from pipeline.shard_index import StoredShards
 
-BLOCK_BYTES = 1 << 20
+MIB = 1 << 20
+BLOCK_BYTES = MIB
 FETCH_THREADS = 16
 MOST_STREAMED_REQUESTS = 64    # in flight from the fetch process, where the round trip needs them
 AHEAD_BYTES = 256 << 20        # at most; a quarter of the cache's limit where that is less
@@ -143,9 +144,11 @@ class RemoteShards(StoredShards):
         self.ahead_bytes = min(AHEAD_BYTES, source.cache.limit // 4)
         self._block_names: dict[int, str] = {}
         self._reader: _ReadAhead | None = None
-        # A split larger than the cache streams through memory: on disk its blocks would be evicted
-        # before an epoch came back to them
-        self.in_memory = int((self.block_end - self.block_start).sum()) > source.cache.limit
+        # A split larger than the cache, or than its disk has room for, streams through memory: on
+        # disk its blocks would be evicted before an epoch came back to them
+        sizes = self.block_end - self.block_start
+        self.split_bytes = int(sizes.sum())
+        self.in_memory = self.split_bytes > source.cache.limit or not self._fits_on_disk(sizes)
         self._memory = MemoryBlocks(self.ahead_bytes, block_bytes) if self.in_memory else None
         self._shared: SharedBlocks | None = None      # started at the first epoch, sized from its plan
         self._shared_failed = False
@@ -153,6 +156,23 @@ class RemoteShards(StoredShards):
         self._visit_gap: int | None = None            # set at the first plan, kept: see `_shared_plan`
         self._open = None if self.in_memory else OpenBlocks(
             source.cache, max(4, min(OPEN_BLOCKS, source.cache.limit // 4 // block_bytes)))
+
+    def _fits_on_disk(self, sizes: np.ndarray) -> bool:
+        """Whether the cache's disk has room for the blocks of the split it does not hold yet; one
+        line saying so where it has not."""
+        cache = self.source.cache
+        room = cache.room()
+        if int(sizes.sum()) <= room:
+            return True
+        names = [self.block_name(block) for block in range(len(sizes))]
+        held = cache.present(names)
+        missing = int(sum(size for name, size in zip(names, sizes.tolist()) if name not in held))
+        if missing <= room:
+            return True
+        print(f"{cache.root}: its disk has room for {room / MIB:,.0f} MiB (less a reserve for the run), the split "
+              f"needs {missing / MIB:,.0f} MiB more: it streams through memory, fetched again each epoch "
+              f"(data.cache_dir on a larger disk keeps it)", file=sys.stderr, flush=True)
+        return False
 
     def block_name(self, block: int) -> str:
         name = self._block_names.get(block)
@@ -245,6 +265,8 @@ class RemoteShards(StoredShards):
         an epoch streamed through memory starts without waiting."""
         self.stop_read_ahead()
         self._base, self._plan_length = self._base + self._plan_length, len(plan)
+        if not self.in_memory and self.split_bytes > self.source.cache.limit:
+            self._stream_through_memory()
         if self._memory is not None:
             uses = block_uses(self.block_of, plan[start:], start)
             self._memory.plan(dict(zip(uses[0].tolist(), uses[2].tolist())))
@@ -265,6 +287,16 @@ class RemoteShards(StoredShards):
                             self._reader = _ReadAhead(self, plan, start, following, only=left_out)
                         return
         self._reader = _ReadAhead(self, plan, start, following)
+
+    def _stream_through_memory(self) -> None:
+        """From this plan on, the split streams as one larger than the cache does: its disk filled
+        and the cache's limit was lowered below it (`BlockCache`), so keeping it would mean
+        evicting each block before an epoch came back to it."""
+        print(f"{self.source.cache.root}: the split ({self.split_bytes / MIB:,.0f} MiB) no longer fits the room left on "
+              f"its disk: it streams through memory from now on", file=sys.stderr, flush=True)
+        self.in_memory = True
+        self._memory = MemoryBlocks(self.ahead_bytes, self.block_bytes)
+        self._open.close_unheld()
 
     def _window(self, plan: list[np.ndarray], start: int, order: np.ndarray) -> int:
         """Batches to read ahead: as many as `ahead_bytes` hold of the plan's bytes per batch."""

@@ -1,0 +1,109 @@
+"""A node's cache disk with too little room, on a real small filesystem (tmpfs, mounted by the
+test): a split that does not fit streams through memory from the start; a disk that fills
+mid-epoch neither stops the run nor leaves partial files, and the batches stay those of local
+disk; a cache with no room at all hands blocks over in memory."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from pipeline import build_loader
+from pipeline.block_cache import BLOCK_SUFFIX, BlockCache
+from pipeline.datasets import DatasetError
+from test_remote_loader import assert_same, batches, photos_server, spec  # noqa: F401 (a fixture)
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A function mounting a tmpfs of that many MiB; unmounted after the test."""
+    mounted = []
+
+    def mount(mib: int):
+        where = tmp_path / f"disk{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"mounting a small filesystem needs root: {done.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk, leave_bytes: int) -> None:
+    """Fills the filesystem of `disk` but for about `leave_bytes`."""
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    with open(disk / "other-files", "wb") as out:
+        try:
+            out.write(b"\0" * max(0, free - leave_bytes))
+        except OSError:
+            pass
+
+
+def partial_files(root) -> list:
+    return [path for path in root.rglob("*") if ".tmp-" in path.name]
+
+
+def test_a_split_the_disk_has_no_room_for_streams_through_memory(converted_sets, photos_server, small_disk,
+                                                                 capsys):
+    disk = small_disk(2)        # the split is 2.5 MiB
+    remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=disk, cache_limit="1GiB"))
+    said = capsys.readouterr().err.strip().splitlines()
+    assert remote.stored.in_memory and remote.stored.split_bytes < (1 << 30)
+    assert len(said) == 1 and str(disk) in said[0] and "streams through memory" in said[0], said
+    assert_same(batches(build_loader(spec(converted_sets["photos"]["webdataset"]))), batches(remote))
+    assert not list(disk.rglob(f"*{BLOCK_SUFFIX}"))
+
+
+def test_a_disk_that_fills_mid_epoch_loses_nothing_and_the_split_then_streams(converted_sets, photos_server,
+                                                                              small_disk, capsys):
+    disk = small_disk(8)
+    local = build_loader(spec(converted_sets["photos"]["webdataset"]))
+    remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=disk, cache_limit="1GiB",
+                               fetch_size="64KiB"))
+    assert not remote.stored.in_memory          # it fits, until other files take the disk
+    fill(disk, MIB)
+    assert_same(batches(local, epoch=0), batches(remote, epoch=0))
+    cache = remote.stored.source.cache
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and str(disk) in said[0] and "disk is full" in said[0], said
+    assert 0 < cache.limit < remote.stored.split_bytes
+    assert not partial_files(disk)
+    assert list(disk.rglob(f"*{BLOCK_SUFFIX}"))     # it kept what it had room for
+
+    assert_same(batches(local, epoch=1), batches(remote, epoch=1))
+    assert remote.stored.in_memory
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "streams through memory from now on" in said[0], said
+    assert not partial_files(disk)
+
+
+def test_a_block_the_disk_has_no_room_for_is_read_from_memory(small_disk):
+    disk = small_disk(4)
+    cache = BlockCache(disk / "cache", limit=1 << 30)
+    data = os.urandom(MIB + 123)
+    fill(disk, 0)
+    fd = cache.open("dataset/train/shard-000000.tar.1048576.7", lambda: data)
+    try:
+        assert os.pread(fd, len(data) + 1, 0) == data
+    finally:
+        os.close(fd)
+    assert cache.get("dataset/train/shard-000000.tar.1048576.8", lambda: data) is None
+    assert cache.fetches == 2 and cache.limit == 0
+    assert not partial_files(disk) and not list(disk.rglob(f"*{BLOCK_SUFFIX}"))
+
+
+def test_no_room_for_the_indexes_is_one_line(photos_server, small_disk):
+    disk = small_disk(1)
+    fill(disk, 0)
+    with pytest.raises(DatasetError) as caught:
+        build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=disk / "cache"))
+    text = str(caught.value)
+    assert "\n" not in text and str(disk) in text and "no room" in text and "data.cache_dir" in text, text
