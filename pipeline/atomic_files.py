@@ -7,9 +7,12 @@ means "complete"); bulk outputs that a rerun recreates skip that cost.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)      # a write's errno where the disk (or a quota) has no room
 
 
 def fsync_path(path: Path) -> None:

@@ -20,7 +20,6 @@ disk can take, so that a split it cannot hold streams through memory from the st
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import os
@@ -35,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pipeline.atomic_files import FULL_DISK
+
 LOCK_STRIPES = 4096
 EVICT_TO = 0.9          # of the limit, so that eviction is not run again at the very next block
 BLOCK_SUFFIX = ".block"
@@ -43,7 +44,6 @@ STALE_TMP_SECONDS = 600      # a block takes far less to write; older temporary 
 # Left free on the cache's disk, at most RESERVE_MOST: a run's checkpoints and logs often share it
 DISK_RESERVE = 0.05
 RESERVE_MOST = 4 << 30
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 LOWER_ONCE_S = 1.0
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,

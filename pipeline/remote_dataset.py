@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pipeline.atomic_files import write_bytes_atomic
-from pipeline.block_cache import FULL_DISK, BlockCache, parse_size
+from pipeline.atomic_files import FULL_DISK, write_bytes_atomic
+from pipeline.block_cache import BlockCache, parse_size
 from pipeline.datasets import CONVERTERS, ConvertedSplit, DatasetError, RemoteDataError, Shard, member_table, split_record
 from pipeline.manifest import MANIFEST, ManifestError, parse_manifest
 from pipeline.object_store import ObjectStore, RemoteNotFound, open_store

@@ -26,7 +26,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.atomic_files import write_bytes_atomic
+from pipeline.atomic_files import FULL_DISK, write_bytes_atomic
 from pipeline.datasets import RemoteDataError
 from pipeline.progress import Progress
 
@@ -123,6 +123,21 @@ def _mib(count: int, total: int | None = None) -> int:
     return -(-count // MIB) if total is None or count >= total else count // MIB
 
 
+def _append(out, data, where: str, size: int) -> None:
+    """All of `data` written to the unbuffered file `out`; a full disk is one line."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[out.write(view):]
+    except OSError as error:
+        if error.errno not in FULL_DISK:
+            raise
+        staged = os.fstat(out.fileno()).st_size
+        raise RemoteDataError(f"{where}: the disk of {os.path.dirname(out.name)} filled while staging it "
+                              f"({staged / MIB:,.0f} of {size / MIB:,.0f} MiB staged, which a rerun resumes from): "
+                              f"free some, or set data.cache_dir to a larger disk") from None
+
+
 def _fetch(store, name, where, dest, part, marker, size, sha256, chunk_bytes, progress) -> None:
     done = part.stat().st_size if part.exists() else 0
     free = shutil.disk_usage(dest.parent).free
@@ -136,7 +151,8 @@ def _fetch(store, name, where, dest, part, marker, size, sha256, chunk_bytes, pr
     resumed = done
     digest = _hash_prefix(part, done, f"checking {part}", progress) if done else hashlib.sha256()
     starts = list(range(done, size, chunk_bytes))
-    with open(part, "ab") as out, \
+    # Unbuffered: a full disk then fails the write that meets it, not a flush at close
+    with open(part, "ab", buffering=0) as out, \
             Progress(_mib(size), f"staging {where}", unit="MiB", initial=_mib(done, size), enabled=progress) as bar, \
             ThreadPoolExecutor(CONCURRENT_CHUNKS, thread_name_prefix="stage") as pool:
         def submit(start):
@@ -146,7 +162,7 @@ def _fetch(store, name, where, dest, part, marker, size, sha256, chunk_bytes, pr
         try:
             while pending:
                 data = pending.popleft().result()[0]
-                out.write(data)                 # in order: the .part stays a prefix of the object
+                _append(out, data, where, size)      # in order: the .part stays a prefix of the object
                 digest.update(data)
                 bar.update(_mib(done + len(data), size) - _mib(done, size))
                 done += len(data)

@@ -1,7 +1,7 @@
 """Shared fixtures: running the tools as a user does (subprocesses), and the sample sets, made
 once per run for all pytest-xdist workers; the `alone` mark, for tests whose figures must not
-share the CPU with another worker's test; and the hooks that end a test past its time limit
-(`suite_timeouts.py`)."""
+share the CPU with another worker's test; a small real filesystem to fill (`small_disk`); and the
+hooks that end a test past its time limit (`suite_timeouts.py`)."""
 from __future__ import annotations
 
 import fcntl
@@ -174,6 +174,36 @@ def cpu_share(request, tmp_path_factory):
     with open(run_folder(tmp_path_factory) / "cpu.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         yield
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A function mounting a tmpfs of that many MiB; unmounted after the test."""
+    mounted = []
+
+    def mount(mib: int):
+        where = tmp_path / f"disk{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"mounting a small filesystem needs root: {done.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk, leave_bytes: int) -> None:
+    """Fills the filesystem of `disk` but for about `leave_bytes`."""
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    with open(disk / "other-files", "wb") as out:
+        try:
+            out.write(b"\0" * max(0, free - leave_bytes))
+        except OSError:
+            pass
 
 
 @pytest.fixture(scope="session")

@@ -5,46 +5,16 @@ disk; a cache with no room at all hands blocks over in memory."""
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
 from pipeline import build_loader
 from pipeline.block_cache import BLOCK_SUFFIX, BlockCache
 from pipeline.datasets import DatasetError
+from conftest import fill
 from test_remote_loader import assert_same, batches, photos_server, spec  # noqa: F401 (a fixture)
 
 MIB = 1 << 20
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A function mounting a tmpfs of that many MiB; unmounted after the test."""
-    mounted = []
-
-    def mount(mib: int):
-        where = tmp_path / f"disk{len(mounted)}"
-        where.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(where)],
-                              capture_output=True, text=True)
-        if done.returncode:
-            pytest.skip(f"mounting a small filesystem needs root: {done.stderr.strip()}")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(disk, leave_bytes: int) -> None:
-    """Fills the filesystem of `disk` but for about `leave_bytes`."""
-    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
-    with open(disk / "other-files", "wb") as out:
-        try:
-            out.write(b"\0" * max(0, free - leave_bytes))
-        except OSError:
-            pass
 
 
 def partial_files(root) -> list:

@@ -8,12 +8,14 @@ import hashlib
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from conftest import fill
 from pipeline.datasets import RemoteDataError
 from pipeline.object_store import open_store
 from pipeline.staged_file import stage_file
@@ -182,6 +184,43 @@ def test_no_room_fails_before_fetching(nginx_server, beton, tmp_path):
     assert SHARD in text and "free in" in text and str(tmp_path) in text, text
     assert settled_log(nginx_server) == before
     assert leftovers(dest) == set()
+
+
+def test_a_disk_that_fills_while_staging_is_one_line_and_a_rerun_resumes(served_files, beton, small_disk,
+                                                                         tmp_path):
+    """Another writer fills the disk once the copy has begun (answers 50 ms late, so it is under way)."""
+    from benchmarks.loopback_servers import Nginx
+    data, sha = beton
+    disk = small_disk(6)
+    dest = disk / "train.beton"
+    part = dest.with_name(dest.name + ".part")
+    slow = Nginx(served_files, tmp_path / "slow-nginx", delay_ms=50)
+    filler = threading.Thread(target=lambda: (wait_until(lambda: part.exists() and part.stat().st_size > 0),
+                                              fill(disk, 0)))
+    try:
+        filler.start()
+        with pytest.raises(RemoteDataError) as caught:
+            stage_file(open_store(slow.url), SHARD, dest, len(data), sha, chunk_bytes=CHUNK, progress=False)
+        filler.join()
+        text = one_line(caught)
+        assert SHARD in text and "filled while staging" in text and str(disk) in text, text
+        assert not dest.exists() and 0 < part.stat().st_size < len(data)
+        assert data.startswith(part.read_bytes())
+        staged = part.stat().st_size
+        (disk / "other-files").unlink()
+        before = settled_log(slow)
+        assert stage_file(open_store(slow.url), SHARD, dest, len(data), sha, chunk_bytes=CHUNK,
+                          progress=False).read_bytes() == data
+        assert fetched(settled_log(slow)[len(before):]) <= len(data) - staged + CHUNK     # resumed, not refetched
+    finally:
+        slow.stop()
+
+
+def wait_until(condition, limit_s: float = 30.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.005)
 
 
 STAGER = """
