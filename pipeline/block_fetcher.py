@@ -16,7 +16,7 @@ torch), so it starts in a fraction of a second: `python -P block_fetcher.py CONT
 three inherited file descriptors:
 - CONTROL, a socket of pickled messages from the loader: ("setup", dict), then any number of
   ("plan", blocks, first use, last use, first byte, end byte, window) (its visits, in the order of
-  their first use: `shared_blocks.Visits`), ("stop",) or end of file;
+  their first use: `block_plan.Visits`), ("stop",) or end of file;
 - WAKE, a pipe the loader writes a byte to when its position moves;
 - MEMORY, a memfd laid out by `layout`: a header of int64 words (the loader's position, written
   by it; the counters, written here), the span of bytes of each block fetched last (first, end),

@@ -1,19 +1,20 @@
 """A WebDataset split read from a URL: the same indexed array of samples as on local disk
 (`pipeline/shard_index.py`, whose epoch plans it keeps), its bytes fetched in blocks.
 
-A block is a run of consecutive samples of one shard, at most `fetch_size` long (a sample
-larger than that is a block alone), fetched in one range request. Blocks are cut at sample
-boundaries, so a rank that reads only its part of a shard fetches little beyond it, and each
-sample lies in one block: the decode engine reads it from there as it reads a tar, so the
-batches are bit for bit those of the same shards on local disk. Where the blocks are kept:
-- a split that fits in the cache's limit: in the node's cache on disk (`pipeline/block_cache.py`),
-  where later epochs find them; their files are kept open while batches read them;
+A block is a run of consecutive samples of one shard, at most `fetch_size` long, fetched in one
+range request (`pipeline/block_plan.py`). Blocks are cut at sample boundaries, so a rank that
+reads only its part of a shard fetches little beyond it, and each sample lies in one block: the
+decode engine reads it from there as it reads a tar, so the batches are bit for bit those of the
+same shards on local disk. Where the blocks are kept:
+- a split that fits in the cache's limit and in the room its disk has: in the node's cache on disk
+  (`pipeline/block_cache.py`), where later epochs find them; their files are kept open while
+  batches read them. Should the disk fill mid-run, the split streams from the next epoch on;
 - a larger one: in memory, while the epoch's plan still needs them, fetched by a process of its
   own into memory shared with this one (`pipeline/shared_blocks.py`), so that fetching takes no
   turns of this process's GIL from the training step. A block that process does not give (one it
   failed to fetch, one read outside the plan) is fetched here and kept in `pipeline/memory_blocks.py`;
   one larger than its slots (a sample larger than `fetch_size`) is fetched ahead here, by threads.
-  That process fetches a block for each visit (`block_visits`): a block read at the epoch's start
+  That process fetches a block for each visit: a block read at the epoch's start
   and again at its end, where two lanes of the plan meet, is fetched twice, each time the bytes
   then read, rather than held all epoch.
 
@@ -36,87 +37,19 @@ import numpy as np
 
 from pipeline import decode_engine
 from pipeline.block_cache import OpenBlocks, parse_size
+from pipeline.block_plan import BLOCK_BYTES, Visits, block_uses, block_visits, cut_blocks, most_held, sample_spans
 from pipeline.datasets import RemoteDataError, Shard
 from pipeline.memory_blocks import MemoryBlocks
-from pipeline.shared_blocks import SharedBlocks, Visits, most_held
+from pipeline.shared_blocks import SharedBlocks
 from pipeline.shard_index import StoredShards
 
 MIB = 1 << 20
-BLOCK_BYTES = MIB
 FETCH_THREADS = 16
 MOST_STREAMED_REQUESTS = 64    # in flight from the fetch process, where the round trip needs them
 AHEAD_BYTES = 256 << 20        # at most; a quarter of the cache's limit where that is less
 OPEN_BLOCKS = 512              # block files kept open when no batch holds them
 MIN_WINDOW = 4                 # batches read ahead at least
 SPARE_SLOTS = 1.25             # over the first plan's most blocks held: later epochs' shuffles differ
-
-
-def sample_spans(members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per sample, the first and one-past-last byte of what a loader reads of it (image and label)."""
-    starts = np.minimum(members[:, 0], members[:, 2])
-    ends = np.maximum(members[:, 0] + members[:, 1], members[:, 2] + 4)
-    return starts, ends
-
-
-def cut_blocks(starts: np.ndarray, ends: np.ndarray, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
-    """The block number of each of a shard's samples: consecutive samples while the block's span
-    stays within block_bytes."""
-    block_of = np.empty(len(starts), np.int64)
-    block, block_start = -1, None
-    for i, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
-        if block_start is None or end - block_start > block_bytes:
-            block, block_start = block + 1, start
-        block_of[i] = block
-    return block_of
-
-
-def block_visits(block_of: np.ndarray, members: np.ndarray, batches: list[np.ndarray], offset: int,
-                 gap: int, next_epoch: int | None = None, reads_ahead: int = 0) -> Visits:
-    """Each time a block is read: a run of the batches reading it with at most `gap` batches
-    between two, and the bytes of it they read, in the order of their first batches (batch i
-    counted as offset + i). Where two of the plan's lanes meet (`pipeline/shard_index.py`), a block
-    is read at the epoch's start and again at its end: as one visit, it would be held all epoch;
-    as two, each holds a slot a few dozen batches, and their bytes together are the block's.
-
-    Where `batches` go on into the next epoch, from batch `next_epoch`, reads on either side of
-    it are one visit only within `reads_ahead` batches (where the loader may read both at once):
-    a short epoch (a rank's part of a validation split) is not held through the next."""
-    if not batches:
-        empty = np.empty(0, np.int64)
-        return Visits(empty, empty, empty, empty, empty)
-    ids = np.concatenate(batches)
-    lengths = np.fromiter(map(len, batches), np.int64, len(batches))
-    batch = np.repeat(np.arange(offset, offset + len(batches), dtype=np.int64), lengths)
-    blocks = block_of[ids]
-    by_block = np.lexsort((batch, blocks))
-    ids, blocks, batch = ids[by_block], blocks[by_block], batch[by_block]
-    opens = np.ones(len(ids), bool)          # a read that begins a visit
-    apart = batch[1:] - batch[:-1]
-    opens[1:] = (blocks[1:] != blocks[:-1]) | (apart > gap)
-    if next_epoch is not None:
-        opens[1:] |= (batch[:-1] < next_epoch) & (batch[1:] >= next_epoch) & (apart > reads_ahead)
-    begins = np.flatnonzero(opens)
-    starts, ends = sample_spans(members[ids])
-    visits = Visits(blocks[begins], batch[begins], batch[np.append(begins[1:] - 1, len(ids) - 1)],
-                    np.minimum.reduceat(starts, begins), np.maximum.reduceat(ends, begins))
-    return visits.select(np.argsort(visits.first, kind="stable"))
-
-
-def block_uses(block_of: np.ndarray, batches: list[np.ndarray], offset: int = 0):
-    """(blocks in the order of their first use, first use, last use) over `batches`, batch i
-    counted as offset + i."""
-    if not batches:
-        empty = np.empty(0, np.int64)
-        return empty, empty, empty
-    lengths = np.fromiter(map(len, batches), np.int64, len(batches))
-    blocks = block_of[np.concatenate(batches)]
-    batch = np.repeat(np.arange(offset, offset + len(batches), dtype=np.int64), lengths)
-    order, first_at = np.unique(blocks, return_index=True)
-    by_first = np.argsort(first_at, kind="stable")
-    last = np.full(int(blocks.max()) + 1, -1, np.int64)
-    np.maximum.at(last, blocks, batch)
-    order = order[by_first]
-    return order, batch[first_at[by_first]], last[order]
 
 
 class RemoteShards(StoredShards):

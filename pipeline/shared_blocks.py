@@ -8,7 +8,7 @@ one larger than a slot, or one not in the plan (or all of them, should the fetch
 the caller, which fetches it in this process.
 
 A plan is a list of visits: each time a block is read, the batches reading it and the bytes they
-read of it (`Visits`). A block read at an epoch's start and again at its end is two visits, fetched
+read of it (`pipeline/block_plan.py`). A block read at an epoch's start and again at its end is two visits, fetched
 twice in parts and let go in between, rather than held all epoch.
 
 The slots are sized from the first plan: the most visits any position holds, from their first
@@ -25,45 +25,18 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
 from pipeline import block_fetcher
 from pipeline.block_fetcher import (ABSENT, BYTES, FETCHING, HEADER_WORDS, LOADER_WAITS, PEAK_BYTES, PEAK_IN_FLIGHT,
                                     POSITION, READY, REQUESTS)
+from pipeline.block_plan import Visits, most_held
 
 FETCHER = Path(block_fetcher.__file__)
 START_PATIENCE_S = 20       # for the fetcher to start (a cold interpreter on a busy node)
 ISSUE_PATIENCE_S = 2        # for it to begin fetching a block of the plan it has not begun yet
 OTHER_VISIT = -4            # a state seen here only: the block is held for other bytes than those read
-
-
-class Visits(NamedTuple):
-    """Each time a block is read, in the order of the first batches: the block, its first and last
-    batch (counted on across epochs), and the first and one-past-last byte of it those batches read
-    (offsets in its shard, within the block's)."""
-    blocks: np.ndarray
-    first: np.ndarray
-    last: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-
-    def select(self, which: np.ndarray) -> Visits:
-        """The visits a mask or an index array picks."""
-        return Visits(*(column[which] for column in self))
-
-
-def most_held(first: np.ndarray, last: np.ndarray, window: int) -> int:
-    """The most blocks held at once when each is fetched `window` batches before its first use
-    and let go after its last: the slots that window needs."""
-    if not len(first):
-        return 0
-    lo = first - window - first.min() + window
-    counts = np.zeros(int(last.max() - first.min()) + window + 2, np.int64)
-    np.add.at(counts, lo, 1)
-    np.add.at(counts, last - first.min() + window, -1)
-    return int(np.cumsum(counts).max())
 
 
 class SharedBlocks:

@@ -19,7 +19,7 @@ import torch
 from pipeline import LoaderSpec, build_loader
 from pipeline.block_cache import BLOCK_SUFFIX
 from pipeline.datasets import DatasetError, RemoteDataError, read_converted
-from pipeline.remote_shards import block_visits, cut_blocks, sample_spans
+from pipeline.block_plan import block_visits, cut_blocks, sample_spans
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +256,8 @@ def test_the_fetch_process_raises_its_requests_to_cover_the_round_trip(tmp_path)
     reader back, so the fetch process allows more (up to the most given), and the bytes are right."""
     from benchmarks.loopback_servers import ECHO_MODULE, Nginx
     from pipeline.object_store import open_store
-    from pipeline.shared_blocks import SharedBlocks, Visits
+    from pipeline.block_plan import Visits
+    from pipeline.shared_blocks import SharedBlocks
     if not ECHO_MODULE.exists():
         pytest.skip("nginx's echo module is not installed (libnginx-mod-http-echo)")
     block, blocks = 64 << 10, 640
@@ -355,7 +356,8 @@ def test_the_fetch_process_fetches_each_visit_and_lets_the_block_go_between(tmp_
     waits while the block still holds the earlier one's bytes."""
     from benchmarks.loopback_servers import Nginx
     from pipeline.object_store import open_store
-    from pipeline.shared_blocks import SharedBlocks, Visits
+    from pipeline.block_plan import Visits
+    from pipeline.shared_blocks import SharedBlocks
     block, blocks = 64 << 10, 40
     data = np.random.default_rng(1).integers(0, 256, block * blocks, dtype=np.uint8).tobytes()
     (tmp_path / "served").mkdir()
