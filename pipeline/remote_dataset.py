@@ -68,7 +68,7 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
     manifest, raw, store = remote_manifest(url, fetch_timeout)
     kind, classes, record = split_record(manifest, store.shown, split, expected_format)
     root = Path(cache_dir) if cache_dir else default_cache_dir()
-    cache = BlockCache(root, parse_size(cache_limit if cache_limit is not None else DEFAULT_CACHE_LIMIT))
+    limit = parse_size(cache_limit if cache_limit is not None else DEFAULT_CACHE_LIMIT)
     dataset = hashlib.sha256(store.shown.encode() + b"\0" + raw).hexdigest()[:16]
     folder = root / dataset
     shards, first = [], 0
@@ -77,6 +77,7 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
                             first, object_name=f"{split}/{entry['tar']}"))
         first += entry["count"]
     try:
+        cache = BlockCache(root, limit)
         (folder / split).mkdir(parents=True, exist_ok=True)
         if not (folder / MANIFEST).exists():
             write_bytes_atomic(folder / MANIFEST, raw, durable=False)

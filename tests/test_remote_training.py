@@ -1,7 +1,8 @@
 """Training from a URL through a server outage: the run ends with one line and exit 1, its
 checkpoints intact, and `resume=auto` once the server is back ends exactly where a run that
-never met the outage ends (the batches read from a URL are those of local disk). Bad URLs are
-one line and exit 2 before training; credentials in a URL are never shown or written."""
+never met the outage ends (the batches read from a URL are those of local disk). Bad URLs, and a
+cache disk without room, are one line and exit 2 before training; credentials in a URL are never
+shown or written."""
 from __future__ import annotations
 
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from benchmarks.loopback_servers import Nginx, free_port
+from conftest import fill
 from runs import MAIN, RECIPE, ROOT, assert_ends_alike, main_py, tiny_run, wait_until
 
 EPOCHS, STEPS_PER_EPOCH = 4, 15          # the fashion sample's 120 train images, batch 8, one process
@@ -81,3 +83,18 @@ def test_a_bad_url_is_one_line_and_exit_2_before_training(converted_sets, tmp_pa
     written = [path.read_text(errors="replace") for path in (tmp_path / "run").rglob("*") if path.is_file()]
     assert all("hunter2" not in text for text in [result.stdout, result.stderr, *written])
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_cache_disk_without_room_is_one_line_and_exit_2_before_training(converted_sets, tmp_path, small_disk):
+    local = converted_sets["fashion"]["webdataset"]
+    disk = small_disk(1)
+    fill(disk, 0)
+    server = Nginx(local.parent, tmp_path / "nginx")
+    try:
+        result = main_py("--config", RECIPE, *tiny_run(f"{server.url}/{local.name}", "webdataset", tmp_path / "run",
+                                                        "max_duration=1ep", f"data.cache_dir={disk / 'cache'}"))
+    finally:
+        server.stop()
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {disk / 'cache'}: no room on its disk"), lines
