@@ -95,7 +95,7 @@ class RemoteShards(StoredShards):
         line saying so where it has not."""
         cache = self.source.cache
         room = cache.room()
-        if int(sizes.sum()) <= room:
+        if self.split_bytes <= room:
             return True
         names = [self.block_name(block) for block in range(len(sizes))]
         held = cache.present(names)
