@@ -1,9 +1,10 @@
 """Shared fixtures: running the tools as a user does (subprocesses), and the sample sets, made
 once per run for all pytest-xdist workers; the `alone` mark, for tests whose figures must not
-share the CPU with another worker's test; a small real filesystem to fill (`small_disk`); and the
+share the CPU with another worker's test; a small real file system to fill (`tmpfs`, `fill`); and the
 hooks that end a test past its time limit (`suite_timeouts.py`)."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -177,33 +178,39 @@ def cpu_share(request, tmp_path_factory):
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A function mounting a tmpfs of that many MiB; unmounted after the test."""
+def tmpfs(tmp_path):
+    """mount(name, size, read_only=False) -> a fresh tmpfs under tmp_path: a real file system that
+    fills up. Unmounted at the end; the test is skipped where mounting is not allowed."""
     mounted = []
 
-    def mount(mib: int):
-        where = tmp_path / f"disk{len(mounted)}"
-        where.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(where)],
-                              capture_output=True, text=True)
-        if done.returncode:
-            pytest.skip(f"mounting a small filesystem needs root: {done.stderr.strip()}")
-        mounted.append(where)
-        return where
+    def mount(name: str, size: str, read_only: bool = False) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {result.stderr.strip()}")
+        mounted.append(point)
+        return point
 
     yield mount
-    for where in mounted:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+    for point in reversed(mounted):
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
-def fill(disk, leave_bytes: int) -> None:
-    """Fills the filesystem of `disk` but for about `leave_bytes`."""
-    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
-    with open(disk / "other-files", "wb") as out:
-        try:
-            out.write(b"\0" * max(0, free - leave_bytes))
-        except OSError:
-            pass
+def fill(folder: Path, leave_bytes: int = 0) -> None:
+    """Writes `folder`/filler until its file system has about `leave_bytes` free, or none."""
+    stat = os.statvfs(folder)
+    room = stat.f_bavail * stat.f_frsize - leave_bytes
+    try:
+        with open(folder / "filler", "wb", buffering=0) as f:
+            while room > 0:
+                room -= f.write(b"\0" * min(room, 1 << 20))
+            while not leave_bytes:
+                f.write(b"\0" * 4096)
+    except OSError as error:
+        assert error.errno == errno.ENOSPC, error
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ or read-only file system under the run directory and under the converters' outpu
 mounts; skipped where this user cannot mount), and a loader worker that dies mid-epoch."""
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -16,45 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_tool
+from conftest import fill, run_tool
 from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, assert_ends_alike, children, rank_of, read_jsonl,
                   tiny_run, torchrun_2, wait_until)
 
 SYNTHETIC = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=8",
              "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
              "log.progress=false", "log.tensorboard=false", "log.interval=1"]
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(name, size, read_only=False) -> a fresh tmpfs under tmp_path: a real file system that
-    fills up. Unmounted at the end; the test is skipped where mounting is not allowed."""
-    mounted = []
-
-    def mount(name: str, size: str, read_only: bool = False) -> Path:
-        point = tmp_path / name
-        point.mkdir()
-        options = f"size={size}" + (",ro" if read_only else "")
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {result.stderr.strip()}")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in reversed(mounted):
-        subprocess.run(["umount", "-l", str(point)], capture_output=True)
-
-
-def fill(folder: Path) -> None:
-    """Write into `folder` until its file system is full."""
-    try:
-        with open(folder / "filler", "wb", buffering=0) as f:
-            while True:
-                f.write(b"\0" * 4096)
-    except OSError as error:
-        assert error.errno == errno.ENOSPC, error
 
 
 def one_error_line(stderr: str) -> str:

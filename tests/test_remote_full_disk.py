@@ -1,5 +1,5 @@
-"""A node's cache disk with too little room, on a real small filesystem (tmpfs, mounted by the
-test): a split that does not fit streams through memory from the start; a disk that fills
+"""A node's cache disk with too little room, on a real small file system (a tmpfs the test
+mounts): a split that does not fit streams through memory from the start; a disk that fills
 mid-epoch neither stops the run nor leaves partial files, and the batches stay those of local
 disk; a cache with no room at all hands blocks over in memory."""
 from __future__ import annotations
@@ -21,9 +21,8 @@ def partial_files(root) -> list:
     return [path for path in root.rglob("*") if ".tmp-" in path.name]
 
 
-def test_a_split_the_disk_has_no_room_for_streams_through_memory(converted_sets, photos_server, small_disk,
-                                                                 capsys):
-    disk = small_disk(2)        # the split is 2.5 MiB
+def test_a_split_the_disk_has_no_room_for_streams_through_memory(converted_sets, photos_server, tmpfs, capsys):
+    disk = tmpfs("disk", "2m")        # the split is 2.5 MiB
     remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=disk, cache_limit="1GiB"))
     said = capsys.readouterr().err.strip().splitlines()
     assert remote.stored.in_memory and remote.stored.split_bytes < (1 << 30)
@@ -32,9 +31,9 @@ def test_a_split_the_disk_has_no_room_for_streams_through_memory(converted_sets,
     assert not list(disk.rglob(f"*{BLOCK_SUFFIX}"))
 
 
-def test_a_disk_that_fills_mid_epoch_loses_nothing_and_the_split_then_streams(converted_sets, photos_server,
-                                                                              small_disk, capsys):
-    disk = small_disk(8)
+def test_a_disk_that_fills_mid_epoch_loses_nothing_and_the_split_then_streams(converted_sets, photos_server, tmpfs,
+                                                                              capsys):
+    disk = tmpfs("disk", "8m")
     local = build_loader(spec(converted_sets["photos"]["webdataset"]))
     remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=disk, cache_limit="1GiB",
                                fetch_size="64KiB"))
@@ -55,11 +54,11 @@ def test_a_disk_that_fills_mid_epoch_loses_nothing_and_the_split_then_streams(co
     assert not partial_files(disk)
 
 
-def test_a_block_the_disk_has_no_room_for_is_read_from_memory(small_disk):
-    disk = small_disk(4)
+def test_a_block_the_disk_has_no_room_for_is_read_from_memory(tmpfs):
+    disk = tmpfs("disk", "4m")
     cache = BlockCache(disk / "cache", limit=1 << 30)
     data = os.urandom(MIB + 123)
-    fill(disk, 0)
+    fill(disk)
     fd = cache.open("dataset/train/shard-000000.tar.1048576.7", lambda: data)
     try:
         assert os.pread(fd, len(data) + 1, 0) == data
@@ -70,9 +69,9 @@ def test_a_block_the_disk_has_no_room_for_is_read_from_memory(small_disk):
     assert not partial_files(disk) and not list(disk.rglob(f"*{BLOCK_SUFFIX}"))
 
 
-def test_no_room_for_the_indexes_is_one_line(photos_server, small_disk):
-    disk = small_disk(1)
-    fill(disk, 0)
+def test_no_room_for_the_indexes_is_one_line(photos_server, tmpfs):
+    disk = tmpfs("disk", "1m")
+    fill(disk)
     with pytest.raises(DatasetError) as caught:
         build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=disk / "cache"))
     text = str(caught.value)

@@ -85,10 +85,10 @@ def test_a_bad_url_is_one_line_and_exit_2_before_training(converted_sets, tmp_pa
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_a_cache_disk_without_room_is_one_line_and_exit_2_before_training(converted_sets, tmp_path, small_disk):
+def test_a_cache_disk_without_room_is_one_line_and_exit_2_before_training(converted_sets, tmp_path, tmpfs):
     local = converted_sets["fashion"]["webdataset"]
-    disk = small_disk(1)
-    fill(disk, 0)
+    disk = tmpfs("disk", "1m")
+    fill(disk)
     server = Nginx(local.parent, tmp_path / "nginx")
     try:
         result = main_py("--config", RECIPE, *tiny_run(f"{server.url}/{local.name}", "webdataset", tmp_path / "run",

@@ -186,17 +186,17 @@ def test_no_room_fails_before_fetching(nginx_server, beton, tmp_path):
     assert leftovers(dest) == set()
 
 
-def test_a_disk_that_fills_while_staging_is_one_line_and_a_rerun_resumes(served_files, beton, small_disk,
+def test_a_disk_that_fills_while_staging_is_one_line_and_a_rerun_resumes(served_files, beton, tmpfs,
                                                                          tmp_path):
     """Another writer fills the disk once the copy has begun (answers 50 ms late, so it is under way)."""
     from benchmarks.loopback_servers import Nginx
     data, sha = beton
-    disk = small_disk(6)
+    disk = tmpfs("disk", "6m")
     dest = disk / "train.beton"
     part = dest.with_name(dest.name + ".part")
     slow = Nginx(served_files, tmp_path / "slow-nginx", delay_ms=50)
     filler = threading.Thread(target=lambda: (wait_until(lambda: part.exists() and part.stat().st_size > 0),
-                                              fill(disk, 0)))
+                                              fill(disk)))
     try:
         filler.start()
         with pytest.raises(RemoteDataError) as caught:
@@ -207,7 +207,7 @@ def test_a_disk_that_fills_while_staging_is_one_line_and_a_rerun_resumes(served_
         assert not dest.exists() and 0 < part.stat().st_size < len(data)
         assert data.startswith(part.read_bytes())
         staged = part.stat().st_size
-        (disk / "other-files").unlink()
+        (disk / "filler").unlink()
         before = settled_log(slow)
         assert stage_file(open_store(slow.url), SHARD, dest, len(data), sha, chunk_bytes=CHUNK,
                           progress=False).read_bytes() == data
