@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -76,7 +77,7 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
         shards.append(Shard(store.where(f"{split}/{entry['tar']}"), folder / split / entry["index"], entry["count"],
                             first, object_name=f"{split}/{entry['tar']}"))
         first += entry["count"]
-    try:
+    with _writing_cache(root, store):
         cache = BlockCache(root, limit)
         (folder / split).mkdir(parents=True, exist_ok=True)
         if not (folder / MANIFEST).exists():
@@ -86,19 +87,28 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
                        for shard, entry in zip(shards, record.get("shards", []))]
             for fetch in fetches:
                 fetch.result()               # the first failure, as its one line
-    except OSError as error:
-        if error.errno not in FULL_DISK:
-            raise
-        raise DatasetError(f"{root}: no room on its disk for the indexes of {store.shown} ({error.strerror}); "
-                           f"free some, or set data.cache_dir to a larger disk") from None
-    for shard in shards:
-        shard.members = member_table(shard)
-    files = [Path(name) for name in record["files"]]
-    if kind == "ffcv":      # FFCV memory-maps its file: read from a local copy, checked against the manifest
-        files = [_staged_beton(store, record, folder)]
+        for shard in shards:
+            shard.members = member_table(shard)
+        files = [Path(name) for name in record["files"]]
+        if kind == "ffcv":      # FFCV memory-maps its file: read from a local copy, checked against the manifest
+            files = [_staged_beton(store, record, folder)]
     split_data = ConvertedSplit(folder, kind, split, classes, record["count"], files, shards)
     split_data.remote = RemoteSource(store, cache, dataset)
     return split_data
+
+
+@contextmanager
+def _writing_cache(root: Path, store: ObjectStore):
+    """An OSError of the local cache (its disk full, read-only, not this user's) as one line: the
+    store's own failures are RemoteDataErrors already."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in FULL_DISK:
+            raise DatasetError(f"{root}: no room on its disk for the cache of {store.shown} ({error.strerror}); "
+                               f"free some, or set data.cache_dir to a larger disk") from None
+        raise DatasetError(f"{root}: the cache cannot be written there ({error.strerror}); set data.cache_dir to "
+                           f"a folder this user can write") from None
 
 
 def _staged_beton(store: ObjectStore, record: dict, folder: Path) -> Path:

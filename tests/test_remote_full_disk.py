@@ -1,7 +1,8 @@
 """A node's cache disk with too little room, on a real small file system (a tmpfs the test
 mounts): a split that does not fit streams through memory from the start; a disk that fills
 mid-epoch neither stops the run nor leaves partial files, and the batches stay those of local
-disk; a cache with no room at all hands blocks over in memory."""
+disk; a cache with no room at all hands blocks over in memory; a cache that cannot be written
+at all (full, read-only) is one line before anything is read."""
 from __future__ import annotations
 
 import os
@@ -69,10 +70,15 @@ def test_a_block_the_disk_has_no_room_for_is_read_from_memory(tmpfs):
     assert not partial_files(disk) and not list(disk.rglob(f"*{BLOCK_SUFFIX}"))
 
 
-def test_no_room_for_the_indexes_is_one_line(photos_server, tmpfs):
-    disk = tmpfs("disk", "1m")
-    fill(disk)
+@pytest.mark.parametrize("backend", ["webdataset", "ffcv"])
+@pytest.mark.parametrize("disk", ["full", "read-only"])
+def test_a_cache_that_cannot_be_written_is_one_line(converted_sets, photos_server, tmpfs, disk, backend):
+    place = tmpfs("disk", "1m", read_only=disk == "read-only")
+    if disk == "full":
+        fill(place)
     with pytest.raises(DatasetError) as caught:
-        build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=disk / "cache"))
+        build_loader(spec(f"{photos_server.url}/{converted_sets['photos'][backend].name}", backend=backend,
+                          cache_dir=place / "cache"))
     text = str(caught.value)
-    assert "\n" not in text and str(disk) in text and "no room" in text and "data.cache_dir" in text, text
+    assert "\n" not in text and text.startswith(f"{place / 'cache'}: ") and "data.cache_dir" in text, text
+    assert ("no room" if disk == "full" else "Read-only file system") in text, text
