@@ -8,8 +8,8 @@ one larger than a slot, or one not in the plan (or all of them, should the fetch
 the caller, which fetches it in this process.
 
 A plan is a list of visits: each time a block is read, the batches reading it and the bytes they
-read of it (`pipeline/block_plan.py`). A block read at an epoch's start and again at its end is two visits, fetched
-twice in parts and let go in between, rather than held all epoch.
+read of it (`pipeline/block_plan.py`). A block read at an epoch's start and again at its end is two
+visits, fetched twice in parts and let go in between, rather than held all epoch.
 
 The slots are sized from the first plan: the most visits any position holds, from their first
 batch less the window to their last, with room to spare; a later plan that needs more gets a
