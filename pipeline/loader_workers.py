@@ -7,22 +7,40 @@ Signals: torchrun and Slurm signal a rank's whole process group, workers include
 process that decides what a signal means (a trainer stopping at a checkpoint) names the ones
 it handles with `leave_to_main_process`; workers started after that ignore them, and their
 rank stops them itself.
+
+Workers that never start: Python before 3.12 can fork a child that waits forever in its first
+step, for a lock of the interpreter that another thread of the parent held at the moment of the
+fork (CPython gh-112275; a rank has such threads: gloo's, entering Python to free a tensor). Its
+DataLoader would then wait for it forever: seen about once in 130 pairs of 2-rank gloo runs on a
+busy 2-core machine. So each worker reports its start (`prepare_worker`), and a loader whose
+workers have not all reported within START_PATIENCE_S stops them and starts them again, with one
+line saying so; the random state is put back, so the run is the one it would have been.
 """
 from __future__ import annotations
 
 import atexit
 import ctypes
 import os
+import select
 import signal
 import sys
+import time
 import weakref
+from contextlib import contextmanager
 from typing import Iterable
 
+import torch
 from torch.utils.data import DataLoader
 
 from pipeline.spec import LoaderSpec
 
 PREFETCH_FACTOR = 4      # batches each DataLoader worker makes ahead
+START_PATIENCE_S = 30.0  # for a worker just forked to report its start; it takes well under a second
+START_TRIES = 3
+_ID_BYTES = 4
+
+# The write end of the pipe that the workers being started report to (`_start_reports`)
+_STARTED_PIPE: int | None = None
 
 # The signals workers leave to their main process (`leave_to_main_process`). Read by each worker
 # as it starts: workers are forked (the fork hook below relies on it too), so a worker sees the
@@ -65,16 +83,70 @@ class _WorkersStopWhenFreed(DataLoader):
     A weakref finalizer runs before the collector touches anything, so the stop gets through."""
 
     def _get_iterator(self):
-        iterator = super()._get_iterator()
-        if self.num_workers > 0:
-            finalizer = weakref.finalize(self, _stop_workers, iterator)
-            finalizer.atexit = False          # at exit, _stop_workers_at_exit ends them all
-            _LIVE_WORKER_ITERATORS.add(iterator)
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        random_state = torch.random.get_rng_state()      # an iterator draws its workers' base seed from it
+        for _ in range(START_TRIES):
+            with _start_reports() as reports:
+                iterator = super()._get_iterator()
+                stuck = reports.missing(self.num_workers, START_PATIENCE_S)
+            if not stuck:
+                break
+            pids = ", ".join(str(iterator._workers[worker].pid) for worker in stuck)
+            print(f"DataLoader worker {pids} did not start within {START_PATIENCE_S:g} s (a child forked while "
+                  f"another thread held an interpreter lock, CPython gh-112275): starting the workers again",
+                  file=sys.stderr, flush=True)
+            _end_workers(iterator)
+            torch.random.set_rng_state(random_state)
+        else:
+            raise RuntimeError(f"DataLoader workers did not start in {START_TRIES} tries of {START_PATIENCE_S:g} s")
+        finalizer = weakref.finalize(self, _stop_workers, iterator)
+        finalizer.atexit = False          # at exit, _stop_workers_at_exit ends them all
+        _LIVE_WORKER_ITERATORS.add(iterator)
         return iterator
+
+
+class _StartReports:
+    def __init__(self, read_end: int):
+        self.read_end = read_end
+
+    def missing(self, workers: int, patience_s: float) -> list[int]:
+        """The workers (ids) that have not reported their start within `patience_s`."""
+        deadline, got = time.monotonic() + patience_s, b""
+        while len(got) < workers * _ID_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.read_end], [], [], left)[0]:
+                break
+            got += os.read(self.read_end, 4096)
+        started = {int.from_bytes(got[i:i + _ID_BYTES], "little") for i in range(0, len(got), _ID_BYTES)}
+        return [worker for worker in range(workers) if worker not in started]
+
+
+@contextmanager
+def _start_reports():
+    """A pipe the workers forked while it is open report their start to (`prepare_worker`)."""
+    global _STARTED_PIPE
+    read_end, _STARTED_PIPE = os.pipe()
+    try:
+        yield _StartReports(read_end)
+    finally:
+        os.close(read_end)
+        os.close(_STARTED_PIPE)
+        _STARTED_PIPE = None
 
 
 def _stop_workers(iterator) -> None:
     iterator._shutdown_workers()              # torch's own shutdown; a no-op the second time
+
+
+def _end_workers(iterator) -> None:
+    """torch's shutdown, then a kill for any worker still there after its join timeout: one busy,
+    one that ignores SIGTERM (prepare_worker), one that never started."""
+    _stop_workers(iterator)
+    for worker in getattr(iterator, "_workers", []):
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
 
 
 @atexit.register        # after torch's and multiprocessing's own: so it runs before both (last in, first out)
@@ -86,11 +158,7 @@ def _stop_workers_at_exit() -> None:
     printing its traceback. Stopped by torch's message here, and any worker still busy after
     torch's join timeout killed."""
     for iterator in list(_LIVE_WORKER_ITERATORS):
-        _stop_workers(iterator)
-        for worker in getattr(iterator, "_workers", []):
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
+        _end_workers(iterator)
 
 
 class BatchKeys:
@@ -115,7 +183,7 @@ def prepare_worker(worker_id: int = 0) -> None:
     are ignored. A worker whose rank dies (SIGKILL, the out-of-memory killer) is killed with it
     (Linux's parent-death signal): torch's own watch of the parent takes seconds, in which an
     orphan printed tracebacks from the fd-passing thread of multiprocessing into its dead
-    rank's log."""
+    rank's log. Then it reports its start to the loader that forked it (`_start_reports`)."""
     for number in _LEFT_TO_MAIN_PROCESS:
         signal.signal(number, signal.SIG_IGN)
     if sys.platform == "linux":
@@ -123,6 +191,8 @@ def prepare_worker(worker_id: int = 0) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() == 1:                   # the rank died before the line above took effect
             os._exit(1)
+    if _STARTED_PIPE is not None:
+        os.write(_STARTED_PIPE, worker_id.to_bytes(_ID_BYTES, "little"))
 
 
 def torch_dataloader(dataset, spec: LoaderSpec, **kwargs) -> DataLoader:

@@ -203,6 +203,51 @@ def test_an_uncaught_exception_mid_epoch_ends_the_process_at_once(converted_sets
     assert result.returncode == 1 and "ZeroDivisionError: a fault in the step" in result.stderr, result.stderr
 
 
+STUCK_FORK = """
+import hashlib, os, sys, time
+from pathlib import Path
+import torch
+from pipeline import LoaderSpec, build_loader
+from pipeline import loader_workers
+loader_workers.START_PATIENCE_S = 3
+marker = Path(sys.argv[2])
+if sys.argv[3] == "stuck":
+    def stuck_once():
+        # The first child forked waits forever before it runs any Python, as one that met an
+        # interpreter lock held at the fork does (CPython gh-112275)
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            while True:
+                time.sleep(60)
+    os.register_at_fork(after_in_child=stuck_once)
+torch.manual_seed(0)
+loader = build_loader(LoaderSpec("folder", path=sys.argv[1], batch_size=8, num_workers=2, resolution=32))
+digest = hashlib.sha256()
+for images, labels in loader:
+    digest.update(images.numpy().tobytes() + labels.numpy().tobytes())
+print(digest.hexdigest(), torch.rand(1).item())
+if marker.exists():
+    try:
+        os.kill(int(marker.read_text()), 0)
+        print("the stuck worker is still there")
+    except ProcessLookupError:
+        pass
+"""
+
+
+def test_a_worker_that_never_starts_is_started_again_and_the_run_is_unchanged(converted_sets, tmp_path):
+    script, data = tmp_path / "stuck_fork.py", converted_sets["fashion"]["folder"]
+    script.write_text(STUCK_FORK)
+    runs = {how: subprocess.run([sys.executable, str(script), str(data), str(tmp_path / f"{how}.pid"), how],
+                                capture_output=True, text=True, timeout=60, cwd=ROOT) for how in ("stuck", "plain")}
+    for how, run in runs.items():
+        assert run.returncode == 0, (how, run.stderr[-3000:])
+    said = runs["stuck"].stderr.strip().splitlines()
+    assert len(said) == 1 and "did not start within 3 s" in said[0] and "starting the workers again" in said[0], said
+    assert (tmp_path / "stuck.pid").exists() and not runs["plain"].stderr.strip()
+    assert runs["stuck"].stdout == runs["plain"].stdout and len(runs["plain"].stdout.split()) == 2
+
+
 def test_shard_stream_pieces_cover_every_sample_once_per_epoch():
     from pipeline.shard_index import stream_pieces
     counts = [5, 3, 7]
