@@ -9,12 +9,12 @@ it handles with `leave_to_main_process`; workers started after that ignore them,
 rank stops them itself.
 
 Workers that never start: Python before 3.12 can fork a child that waits forever in its first
-step, for a lock of the interpreter that another thread of the parent held at the moment of the
-fork (CPython gh-112275; a rank has such threads: gloo's, entering Python to free a tensor). Its
-DataLoader would then wait for it forever: seen about once in 130 pairs of 2-rank gloo runs on a
-busy 2-core machine. So each worker reports its start (`prepare_worker`), and a loader whose
-workers have not all reported within START_PATIENCE_S stops them and starts them again, with one
-line saying so; the random state is put back, so the run is the one it would have been.
+step (`PyOS_AfterFork_Child`), for a lock of the interpreter that another thread of the parent
+held at the moment of the fork (CPython gh-112275). Its DataLoader would then wait for it
+forever: seen twice in 150 pairs of 2-rank gloo runs side by side on a 2-core machine. So each
+worker reports its start (`prepare_worker`), and a loader whose workers have not all reported
+within START_PATIENCE_S stops them and starts them again, with one line saying so; the random
+state is put back, so the run is the one it would have been.
 """
 from __future__ import annotations
 
