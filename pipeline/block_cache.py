@@ -161,8 +161,8 @@ class BlockCache:
         return False
 
     def _out_of_room(self) -> int:
-        """The disk filled before the limit: the limit lowered to what the cache holds, least
-        recently used blocks evicted; the bytes freed."""
+        """The disk filled before the limit: the limit lowered below what the cache holds (EVICT_TO
+        of it), least recently used blocks evicted; the bytes freed."""
         with self._lock:
             # Writers failing together are one event: each lowering the limit again would take it to nothing
             if time.monotonic() - self._lowered_at < LOWER_ONCE_S:
