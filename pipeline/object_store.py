@@ -13,6 +13,8 @@ import bisect
 import os
 import re
 import threading
+import urllib.error
+import urllib.request
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,6 +30,17 @@ REQUEST_TIMEOUT_S = 30
 _STATUS = re.compile(r"status(?: code)?:? (\d{3})\b", re.I)
 _SHORT = re.compile(r"Requested \d+\.\.\d+, got \d+\.\.\d+")
 _SECRET_QUERY = re.compile(r"(sig|signature|token|credential|key|secret|password|auth)", re.I)
+# What a store says in an error answer's body: S3's and GCS's XML (<Code>, <Message>), GCS's JSON
+_XML_CODE = re.compile(r"<Code>([^<]{1,80})</Code>")
+_XML_MESSAGE = re.compile(r"<Message>([^<]{1,300})</Message>")
+_JSON_MESSAGE = re.compile(r'"message"\s*:\s*"([^"\\]{1,300})"')
+_XML_REGION = re.compile(r"<Region>([a-z0-9-]{2,40})</Region>")
+_REGION = re.compile(r"^[a-z0-9-]{2,40}$")
+REGION_LOOKUP_TIMEOUT_S = 5
+# Every obstore error's debug dump names its retry_timeout setting: only a timeout that happened counts
+_TIMED_OUT = re.compile(r"timed out|(?<!retry_)timeout", re.I)
+_PERFORMING = re.compile(r"^.*?Error performing \w+ \S+ in [^-]*- ")
+_URL = re.compile(r"https?://\S+")
 
 
 class RemoteNotFound(RemoteDataError):
@@ -65,9 +78,10 @@ def merge_ranges(ranges: list[tuple[int, int]], gap: int = MERGE_GAP) -> list[tu
     return [(start, end) for start, end in merged]
 
 
-def describe_error(error: BaseException, scheme: str = "s3") -> str:
+def describe_error(error: BaseException, scheme: str = "s3", bucket: str | None = None) -> str:
     """What happened, in words a user acts on, from an obstore exception (whose text carries
-    a multi-line debug dump that is never shown) met reading a `scheme` URL."""
+    a multi-line debug dump that is never shown) met reading a `scheme` URL (of `bucket`, where
+    it has one: a bucket in another region is named with the region to set)."""
     from obstore import exceptions as errors
     text = str(error)
     low = text.lower()
@@ -83,7 +97,11 @@ def describe_error(error: BaseException, scheme: str = "s3") -> str:
             return f"access denied ({code or 403}) by the server: its access rules, or a signed URL's expiry"
         return f"access denied ({code or 403}): check the credentials (the AWS_* or GOOGLE_* variables) and the bucket's policy"
     if code is not None:
-        return f"the server answered {code} after retries"
+        said = _store_says(text)
+        if scheme == "s3" and (code == 301 or "AuthorizationHeaderMalformed" in said):
+            return _wrong_region(code, said, _XML_REGION.search(text), bucket)
+        retried = code >= 500 or code == 429      # obstore retries these; another 4xx is answered at once
+        return f"the server answered {code}" + (f" ({said})" if said else "") + (" after retries" if retried else "")
     if "connection refused" in low:
         return "connection refused: is the endpoint right and the server up?"
     if "dns error" in low or "failed to lookup" in low or "name or service not known" in low:
@@ -93,10 +111,49 @@ def describe_error(error: BaseException, scheme: str = "s3") -> str:
                 "SSL_CERT_FILE=ca.pem, or fix the certificate")
     if "credential" in low:
         return "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-    if "timed out" in low or "timeout" in low:
+    if "received redirect without location" in low and scheme == "s3":
+        return _wrong_region(301, "", None, bucket)
+    if _TIMED_OUT.search(text):
         return "timed out after retries"
-    first_line = " ".join(text.split("\n\n")[0].split())
-    return f"{type(error).__name__}: {first_line[:200]}"
+    summary = " ".join(text.split("\n\n")[0].split())
+    summary = _URL.sub(lambda url: redact(url.group(0)), _PERFORMING.sub("", summary))   # the caller names the URL
+    return f"{type(error).__name__}: {summary[:200]}"
+
+
+def _store_says(text: str) -> str:
+    """The store's own error code and message from the answer's body in an obstore error's text,
+    on one line; empty where the body is not a store's (an HTML page, nothing)."""
+    code, message = _XML_CODE.search(text), _XML_MESSAGE.search(text) or _JSON_MESSAGE.search(text)
+    said = ": ".join(match.group(1).strip() for match in (code, message) if match)
+    return " ".join(said.split())
+
+
+def _wrong_region(code: int, said: str, named, bucket: str | None) -> str:
+    """S3's answer to a request signed for another region than the bucket's: 400
+    AuthorizationHeaderMalformed naming the region, or 301 with the region in a header that
+    obstore does not show, which a request of our own for the bucket reads."""
+    configured = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1, the default"
+    region = named.group(1) if named else _bucket_region(bucket) if bucket else None
+    if region:
+        return f"the bucket is in region {region}, not {configured} (S3 answered {code}): set AWS_REGION={region}"
+    return (f"the bucket is in another region than {configured} (S3 answered {code}{': ' + said if said else ''}): "
+            f"set AWS_REGION to its region")
+
+
+def _bucket_region(bucket: str) -> str | None:
+    """The bucket's region as S3 tells it to anyone who asks (the x-amz-bucket-region header of
+    its answer to a HEAD of the bucket, whatever its status), or None."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    url = f"{endpoint.rstrip('/')}/{bucket}" if endpoint else f"https://{bucket}.s3.amazonaws.com"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
+                                    timeout=REGION_LOOKUP_TIMEOUT_S) as answer:
+            region = answer.headers.get("x-amz-bucket-region")
+    except urllib.error.HTTPError as answer:      # 301, 403: the header comes all the same
+        region = answer.headers.get("x-amz-bucket-region")
+    except (OSError, ValueError):
+        return None
+    return region if region and _REGION.match(region) else None
 
 
 class ObjectStore:
@@ -174,7 +231,8 @@ class ObjectStore:
 
 
 def _error(where: str, error: BaseException) -> RemoteDataError:
-    what = describe_error(error, urlsplit(where).scheme.lower())
+    parts = urlsplit(where)
+    what = describe_error(error, parts.scheme.lower(), parts.hostname)
     return (RemoteNotFound if what.startswith("not found") else RemoteDataError)(f"{where}: {what}")
 
 

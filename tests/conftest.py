@@ -7,12 +7,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -252,3 +255,50 @@ def moto_s3(served_files):
             obstore.put(store, f"wds/{path.relative_to(served_files)}", path.read_bytes())
     yield server
     server.stop()
+
+
+class AnswersAsS3ToAnotherRegion(http.server.BaseHTTPRequestHandler):
+    """What S3 answers a request signed for another region than the bucket's: bucket `moved`
+    301 with the region in a header only (a HEAD of the bucket too, as S3 does), bucket `signed`
+    400 AuthorizationHeaderMalformed naming it in the body, bucket `lost` 301 without it; any other
+    bucket a 400 of another kind."""
+
+    def do_HEAD(self):
+        self.do_GET(body=False)
+
+    def do_GET(self, body: bool = True):
+        bucket = urlsplit(self.path).path.strip("/").split("/")[0]
+        if bucket in ("moved", "lost"):
+            status, code, message = (301, "PermanentRedirect", "The bucket you are attempting to access must be "
+                                     "addressed using the specified endpoint.")
+        elif bucket == "signed":
+            status, code, message = (400, "AuthorizationHeaderMalformed",
+                                     "the region 'us-east-1' is wrong; expecting 'ap-south-1'")
+        else:
+            status, code, message = 400, "InvalidArgument", "Invalid argument."
+        payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{message}</Message>"
+                   + ("<Region>ap-south-1</Region>" if bucket == "signed" else "") + "</Error>").encode()
+        self.send_response(status)
+        if bucket == "moved":
+            self.send_header("x-amz-bucket-region", "eu-west-1")
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if body:
+            self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def s3_of_another_region(monkeypatch):
+    """The S3 variables pointing at a server that answers as S3 does to another region's requests."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), AnswersAsS3ToAnotherRegion)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    yield server
+    server.shutdown()

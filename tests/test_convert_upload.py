@@ -191,6 +191,14 @@ def test_a_missing_bucket_another_scheme_or_a_stray_staging_is_a_one_line_error(
     assert "--staging" in line and not (tmp_path / "local").exists()
 
 
+def test_a_bucket_in_another_region_is_a_one_line_error_naming_it(sample_sets, s3_of_another_region, tmp_path):
+    result = run_tool("convert_wds.py", sample_sets / "fashion", "s3://moved/wds", "--staging", tmp_path / "s")
+    assert result.returncode == 2
+    assert one_line(result) == ("error: s3://moved/wds: cannot list the destination: the bucket is in region "
+                                "eu-west-1, not us-east-1 (S3 answered 301): set AWS_REGION=eu-west-1")
+    assert not (tmp_path / "s").exists()                        # refused before converting anything
+
+
 @pytest.mark.timeout(120)
 def test_refused_credentials_are_a_one_line_error_without_the_secret(sample_sets, tmp_path, monkeypatch):
     """moto's server checking signatures: its IAM knows no key, so every request is refused."""

@@ -95,6 +95,7 @@ class Destination:
         except RemoteDataError as error:
             raise ConversionError(str(error)) from None
         self.client, self.workers, self.shown = self.store.client, workers, self.store.shown
+        self.scheme, self.bucket = scheme, urlsplit(url).hostname
         self.stop = threading.Event()
         self.listing(first_only=True)
 
@@ -108,7 +109,7 @@ class Destination:
                 if first_only:
                     break
         except Exception as error:  # noqa: BLE001 - obstore's classes; described below
-            text = describe_error(error)
+            text = describe_error(error, self.scheme, self.bucket)
             if text.startswith("not found"):
                 raise ConversionError(f"{self.shown}: the bucket does not exist (404)") from None
             if first_only:      # nothing is converted or uploaded yet: a bad destination
@@ -222,8 +223,8 @@ class Destination:
     def _failure(self, name: str, error: BaseException, action: str) -> Exception:
         """A refused request is a ConversionError (exit 2); anything else a fault to retry (exit 1)."""
         where = self.store.where(name) if name else self.shown
-        text = describe_error(error)
-        if text.startswith(("access denied", "no credentials", "not found")):
+        text = describe_error(error, self.scheme, self.bucket)
+        if text.startswith(("access denied", "no credentials", "not found", "the bucket is in")):
             return ConversionError(f"{where}: {action}: {text}")
         return ConversionFault(f"{where}: {action}: {text}; run again to resume (what is uploaded stays)")
 
