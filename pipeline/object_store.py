@@ -111,6 +111,9 @@ def describe_error(error: BaseException, scheme: str = "s3", bucket: str | None 
                 "SSL_CERT_FILE=ca.pem, or fix the certificate")
     if "credential" in low:
         return "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    if "range request not supported" in low:
+        return ("the server does not answer range requests (it sends whole files): serve the folder with one "
+                "that does, such as nginx or a bucket (Python's http.server does not)")
     if "received redirect without location" in low and scheme == "s3":
         return _wrong_region(301, "", None, bucket)
     if _TIMED_OUT.search(text):

@@ -85,6 +85,8 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
         with ThreadPoolExecutor(INDEX_FETCHES) as pool:
             fetches = [pool.submit(_fetch_index, store, f"{split}/{entry['index']}", shard.index)
                        for shard, entry in zip(shards, record.get("shards", []))]
+            if shards:
+                fetches.append(pool.submit(_check_ranges, store, shards[0].object_name))
             for fetch in fetches:
                 fetch.result()               # the first failure, as its one line
         for shard in shards:
@@ -117,6 +119,12 @@ def _staged_beton(store: ObjectStore, record: dict, folder: Path) -> Path:
         raise DatasetError(f"{store.where(name)}: its manifest records no sha256 to check a copy against "
                            f"(an older converter); run {CONVERTERS['ffcv']} SRC {store.shown} again")
     return stage_file(store, name, folder / name, record["bytes"], record["sha256"])
+
+
+def _check_ranges(store: ObjectStore, name: str) -> None:
+    """A server that ignores Range and sends whole files (Python's http.server) is found here,
+    beside the indexes' fetches, rather than at the first batch, where training had begun."""
+    store.read_ranges(name, [(0, 1)])
 
 
 def _fetch_index(store: ObjectStore, name: str, local: Path) -> None:

@@ -5,8 +5,11 @@ cache disk without room, are one line and exit 2 before training; credentials in
 shown or written."""
 from __future__ import annotations
 
+import functools
+import http.server
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -82,6 +85,30 @@ def test_a_bad_url_is_one_line_and_exit_2_before_training(converted_sets, tmp_pa
             "credentials in the URL": "***@127.0.0.1"}[problem] in lines[0]
     written = [path.read_text(errors="replace") for path in (tmp_path / "run").rglob("*") if path.is_file()]
     assert all("hunter2" not in text for text in [result.stdout, result.stderr, *written])
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_without_range_requests_is_one_line_and_exit_2_before_training(converted_sets, tmp_path):
+    """Python's http.server sends the whole file whatever the Range asked: a first try of serving
+    a dataset that many users make."""
+    local = converted_sets["fashion"]["webdataset"]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(local.parent)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = main_py("--config", RECIPE, *tiny_run(f"http://127.0.0.1:{server.server_address[1]}/{local.name}",
+                                                        "webdataset", tmp_path / "run", "max_duration=1ep"))
+    finally:
+        server.shutdown()
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: http://127.0.0.1:{server.server_address[1]}/"), lines
+    assert "the server does not answer range requests" in lines[0]
+    assert "epoch 1/1" not in result.stdout                   # before training began
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
