@@ -11,7 +11,6 @@ import pytest
 from pipeline.datasets import RemoteDataError
 from pipeline.object_store import is_url, merge_ranges, open_store, redact
 from benchmarks.loopback_servers import free_port
-from runs import RECIPE, main_py, tiny_run
 
 SHARD = "train/shard-000000.tar"
 
@@ -246,13 +245,3 @@ def test_a_bucket_in_another_region_is_named_with_the_region_to_set(s3_of_anothe
     with pytest.raises(RemoteDataError) as caught:
         open_store(f"s3://{bucket}/wds").read("manifest.json")
     assert one_line(caught) == f"s3://{bucket}/wds/manifest.json: {expected}"
-
-
-def test_training_from_a_bucket_in_another_region_is_one_line_naming_it_and_exit_2(s3_of_another_region, tmp_path):
-    result = main_py("--config", RECIPE, *tiny_run("s3://moved/fashion", "webdataset", tmp_path / "run",
-                                                   "max_duration=1ep"))
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines() == [
-        "error: s3://moved/fashion/manifest.json: the bucket is in region eu-west-1, not us-east-1 (S3 answered 301): "
-        "set AWS_REGION=eu-west-1"]
-    assert not (tmp_path / "run" / "checkpoints").exists()
