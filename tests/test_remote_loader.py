@@ -228,8 +228,14 @@ def test_a_block_larger_than_the_fetch_process_slots_is_fetched_ahead_here(photo
     assert stored._shared is not None and not stored._shared.planned[list(soon)].any()
     memory = stored._memory._blocks
     wait_for(lambda: all(block in memory and memory[block].filled for block in soon))
+    batch = plan[max(first_use[block] for block in soon)]
+    # and the fetch process's blocks of that batch: one it has not begun within its patience (a
+    # starved process on a loaded machine) would be fetched here, as it should, and counted below
+    shared = stored._shared
+    theirs = [block for block in set(stored.block_of[batch].tolist()) - soon if shared.planned[block]]
+    wait_for(lambda: (shared.state[theirs] >= 0).all())
     requests = stored.source.store.requests       # fetches here; the fetch process's are added as batches are handed out
-    with stored.located(plan[max(first_use[block] for block in soon)]):
+    with stored.located(batch):
         pass
     assert stored.source.store.requests == requests
 
