@@ -146,8 +146,9 @@ def _wrong_region(code: int, said: str, named, bucket: str | None) -> str:
 def _bucket_region(bucket: str) -> str | None:
     """The bucket's region as S3 tells it to anyone who asks (the x-amz-bucket-region header of
     its answer to a HEAD of the bucket, whatever its status), or None."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    url = f"{endpoint.rstrip('/')}/{bucket}" if endpoint else f"https://{bucket}.s3.amazonaws.com"
+    # Path-style, so that a bucket name with dots meets no certificate made for one label
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "https://s3.amazonaws.com"
+    url = f"{endpoint.rstrip('/')}/{bucket}"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
                                     timeout=REGION_LOOKUP_TIMEOUT_S) as answer:
