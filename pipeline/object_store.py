@@ -2,7 +2,8 @@
 (Rust's object_store): whole objects, many byte ranges of one object, object sizes.
 
 Conventions: S3 credentials, region and endpoint come from the usual AWS_* variables
-(`AWS_ENDPOINT_URL` for S3-compatible stores), GCS from GOOGLE_* ones; HTTPS certificates are
+(`AWS_ENDPOINT_URL` for S3-compatible stores) and the AWS profile (`pipeline/aws_profile.py`),
+GCS from GOOGLE_* ones; HTTPS certificates are
 verified. Requests are retried with backoff by obstore (5xx, connection resets, timeouts); a
 response shorter than asked for is read again once. Every failure is one `RemoteDataError` line
 naming the URL through `redact`, so credentials carried in a URL are never printed.
@@ -18,6 +19,7 @@ import urllib.request
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
+from pipeline.aws_profile import s3_settings
 from pipeline.datasets import RemoteDataError
 
 SCHEMES = ("s3", "gs", "http", "https")
@@ -41,6 +43,13 @@ REGION_LOOKUP_TIMEOUT_S = 5
 _TIMED_OUT = re.compile(r"timed out|(?<!retry_)timeout", re.I)
 _PERFORMING = re.compile(r"^.*?Error performing \w+ \S+ in [^-]*- ")
 _URL = re.compile(r"https?://\S+")
+NO_CREDENTIALS = {
+    "s3": ("no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE to a profile of "
+           "~/.aws/credentials (or run where an instance role provides them)"),
+    "gs": ("no credentials found: set GOOGLE_APPLICATION_CREDENTIALS (or GOOGLE_SERVICE_ACCOUNT) to a service "
+           "account's key file, or run `gcloud auth application-default login` (or run where the instance's "
+           "service account provides them)"),
+}
 
 
 class RemoteNotFound(RemoteDataError):
@@ -86,8 +95,9 @@ def describe_error(error: BaseException, scheme: str = "s3", bucket: str | None 
     text = str(error)
     low = text.lower()
     if "/latest/api/token" in text or "/latest/meta-data" in text:
-        # No credentials in the environment: obstore fell back to the instance metadata service.
-        return "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or run where a role provides them)"
+        return NO_CREDENTIALS["s3"]     # no keys in the environment or the profile: obstore asked the instance
+    if "/computemetadata/" in low:
+        return NO_CREDENTIALS["gs"]     # no key file named and no gcloud login: obstore asked the instance
     status = _STATUS.search(text)
     code = int(status.group(1)) if status else None
     if isinstance(error, (errors.NotFoundError, FileNotFoundError)) or code == 404:
@@ -109,8 +119,8 @@ def describe_error(error: BaseException, scheme: str = "s3", bucket: str | None 
     if "invalidcertificate" in low or "certificate verify failed" in low:
         return ("the server's certificate is not trusted here (verified by default): give its CA as "
                 "SSL_CERT_FILE=ca.pem, or fix the certificate")
-    if "credential" in low:
-        return "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    if "credential" in low and scheme in NO_CREDENTIALS:
+        return NO_CREDENTIALS[scheme]
     if "range request not supported" in low:
         return ("the server does not answer range requests (it sends whole files): serve the folder with one "
                 "that does, such as nginx or a bucket (Python's http.server does not)")
@@ -135,20 +145,24 @@ def _wrong_region(code: int, said: str, named, bucket: str | None) -> str:
     """S3's answer to a request signed for another region than the bucket's: 400
     AuthorizationHeaderMalformed naming the region, or 301 with the region in a header that
     obstore does not show, which a request of our own for the bucket reads."""
-    configured = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1, the default"
-    region = named.group(1) if named else _bucket_region(bucket) if bucket else None
+    try:
+        s3 = s3_settings()
+    except RemoteDataError:
+        s3 = {}
+    configured = (s3.get("aws_region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+                  or "us-east-1, the default")
+    region = named.group(1) if named else _bucket_region(bucket, s3.get("aws_endpoint")) if bucket else None
     if region:
         return f"the bucket is in region {region}, not {configured} (S3 answered {code}): set AWS_REGION={region}"
     return (f"the bucket is in another region than {configured} (S3 answered {code}{': ' + said if said else ''}): "
             f"set AWS_REGION to its region")
 
 
-def _bucket_region(bucket: str) -> str | None:
+def _bucket_region(bucket: str, endpoint: str | None) -> str | None:
     """The bucket's region as S3 tells it to anyone who asks (the x-amz-bucket-region header of
     its answer to a HEAD of the bucket, whatever its status), or None."""
     # Path-style, so that a bucket name with dots meets no certificate made for one label
-    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "https://s3.amazonaws.com"
-    url = f"{endpoint.rstrip('/')}/{bucket}"
+    url = f"{(endpoint or 'https://s3.amazonaws.com').rstrip('/')}/{bucket}"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
                                     timeout=REGION_LOOKUP_TIMEOUT_S) as answer:
@@ -170,7 +184,10 @@ class ObjectStore:
         self.requests = self.bytes_read = 0       # made and received by this process, for the benchmarks
         self._counter_lock = threading.Lock()
         # Kept for the fetch process of a streamed split (pipeline/shared_blocks.py), which opens its own
-        self.options = store_options(self.url, retries, timeout_s)
+        try:
+            self.options = store_options(self.url, retries, timeout_s)
+        except RemoteDataError as error:      # the AWS profile asked for is not usable
+            raise RemoteDataError(f"{self.shown}: {error}") from None
         try:
             self.client = from_url(self.url, **self.options)
         except Exception as error:  # obstore raises its own classes and ValueError for a bad URL
@@ -264,22 +281,14 @@ def store_options(url: str, retries: int, timeout_s: float) -> dict:
     retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=60),
              "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5), "base": 2}}
     options = {"timeout": f"{timeout_s:g}s", "connect_timeout": "5s"}
-    if (scheme == "http" or (scheme == "s3" and _s3_env().get("aws_endpoint", "").startswith("http://"))
+    s3 = s3_settings() if scheme == "s3" else {}
+    if (scheme == "http" or s3.get("aws_endpoint", "").startswith("http://")
             or os.environ.get(ALLOW_HTTP_VARIABLES.get(scheme, ""), "").lower() in ("1", "true")):
         options["allow_http"] = True
     kwargs = {"client_options": options, "retry_config": retry}
     if scheme == "s3":
-        kwargs["config"] = _s3_env()
+        kwargs["config"] = s3
     return kwargs
-
-
-def _s3_env() -> dict:
-    """The S3 settings taken from the environment here rather than left to obstore: the
-    endpoint of an S3-compatible store, AWS_ENDPOINT_URL (the AWS CLI's and boto3's name)."""
-    config = {}
-    if os.environ.get("AWS_ENDPOINT_URL"):
-        config["aws_endpoint"] = os.environ["AWS_ENDPOINT_URL"]
-    return config
 
 
 def open_store(url: str, timeout_s: float | None = None) -> ObjectStore:

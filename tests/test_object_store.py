@@ -2,7 +2,9 @@
 HTTP, moto's S3 server, and a stdlib server that fails its first requests."""
 from __future__ import annotations
 
+import contextlib
 import http.server
+import json
 import threading
 import urllib.request
 
@@ -95,12 +97,10 @@ def test_s3_wrong_credentials_and_wrong_endpoint(moto_s3, monkeypatch):
     assert "s3://photos/wds/manifest.json" in text and "connection refused" in text
 
 
-def test_s3_unknown_credentials_are_denied(moto_s3, monkeypatch):
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_s3.url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value")
-    # moto checks credentials once its count of unauthenticated actions is 0 (its reset-auth API)
+@contextlib.contextmanager
+def checking_credentials(moto_s3):
+    """moto checks keys and signatures while the context lasts: it does once its count of
+    unauthenticated actions is 0 (its reset-auth API)."""
     def set_auth(count: bytes):
         request = urllib.request.Request(f"{moto_s3.url}/moto-api/reset-auth", data=count,
                                          headers={"Content-Type": "text/plain"})
@@ -108,10 +108,18 @@ def test_s3_unknown_credentials_are_denied(moto_s3, monkeypatch):
 
     set_auth(b"0")
     try:
-        with pytest.raises(RemoteDataError) as caught:
-            open_store("s3://photos/wds").read("manifest.json")
+        yield
     finally:
         set_auth(b"inf")
+
+
+def test_s3_unknown_credentials_are_denied(moto_s3, monkeypatch):
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_s3.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value")
+    with pytest.raises(RemoteDataError) as caught, checking_credentials(moto_s3):
+        open_store("s3://photos/wds").read("manifest.json")
     text = one_line(caught)
     assert "403" in text and "s3://photos/wds/manifest.json" in text and "wrong-secret-value" not in text
 
@@ -127,6 +135,77 @@ def test_s3_missing_credentials(moto_s3, monkeypatch):
         open_store("s3://photos/wds").read("manifest.json")
     text = one_line(caught)
     assert "s3://photos/wds/manifest.json" in text and "no credentials found" in text
+
+
+def without_aws_variables(monkeypatch, home):
+    """No AWS_* variable set (the metadata service a closed local port), HOME at `home`."""
+    import os
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("HOME", str(home))
+    (home / ".aws").mkdir()
+
+
+def test_s3_keys_region_and_endpoint_come_from_the_aws_profile(moto_s3, served_files, monkeypatch, tmp_path):
+    """As `aws configure` writes them: keys in ~/.aws/credentials, region and endpoint in
+    ~/.aws/config, the profile named by AWS_PROFILE. moto checks the keys and the signature."""
+    import boto3
+    iam = boto3.client("iam", endpoint_url=moto_s3.url, region_name="us-east-1", aws_access_key_id="testing",
+                       aws_secret_access_key="testing")
+    iam.create_user(UserName="reader")
+    iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    without_aws_variables(monkeypatch, tmp_path)
+    (tmp_path / ".aws" / "credentials").write_text(
+        f"[default]\naws_access_key_id = AKIANOTTHISONE\naws_secret_access_key = not-this-one\n\n"
+        f"[team]\naws_access_key_id = {key['AccessKeyId']}\naws_secret_access_key = {key['SecretAccessKey']}\n")
+    (tmp_path / ".aws" / "config").write_text(f"[profile team]\nregion = us-east-1\nendpoint_url = {moto_s3.url}\n")
+    monkeypatch.setenv("AWS_PROFILE", "team")
+    with checking_credentials(moto_s3):
+        assert open_store("s3://photos/wds").read_ranges(SHARD, [(10, 5000)])[0] == \
+            (served_files / SHARD).read_bytes()[10:5000]
+        # The default profile's keys are refused by moto: the file is what signs
+        monkeypatch.setenv("AWS_PROFILE", "default")
+        (tmp_path / ".aws" / "config").write_text(f"[default]\nregion = us-east-1\nendpoint_url = {moto_s3.url}\n")
+        with pytest.raises(RemoteDataError) as caught:
+            open_store("s3://photos/wds").read("manifest.json")
+    text = one_line(caught)
+    assert "403" in text and "s3://photos/wds/manifest.json" in text and "not-this-one" not in text
+
+
+@pytest.mark.parametrize("profiles, named, expected", [
+    ("[profile corp]\nsso_session = corp\nregion = eu-west-1\n", "corp",
+     "AWS profile corp gets its credentials through sso_session"),
+    ("[profile ops]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n", "ops",
+     "aws configure export-credentials --profile ops --format env"),
+    ("[profile corp]\nregion = eu-west-1\n", "missing", "AWS_PROFILE=missing: no such profile in"),
+    ("[profile corp\nregion = eu-west-1 secret-looking-value\n", "corp", "cannot be read (not an INI file"),
+])
+def test_an_aws_profile_that_cannot_sign_is_one_line_naming_it(profiles, named, expected, monkeypatch, tmp_path):
+    without_aws_variables(monkeypatch, tmp_path)
+    (tmp_path / ".aws" / "config").write_text(profiles)
+    monkeypatch.setenv("AWS_PROFILE", named)
+    with pytest.raises(RemoteDataError) as caught:
+        open_store("s3://photos/wds")
+    text = one_line(caught)
+    assert text.startswith("s3://photos/wds: ") and expected in text and "secret-looking-value" not in text
+
+
+def test_gcs_missing_credentials(monkeypatch):
+    for name in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")       # no gcloud login there
+    # without a key file the client asks the instance's metadata server: here a closed local port
+    closed = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("GCE_METADATA_HOST", closed)
+    monkeypatch.setenv("GCE_METADATA_IP", closed)
+    with pytest.raises(RemoteDataError) as caught:
+        open_store("gs://photos/wds").read("manifest.json")
+    text = one_line(caught)
+    assert "gs://photos/wds/manifest.json" in text and "no credentials found" in text
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in text
 
 
 def answer(handler: http.server.BaseHTTPRequestHandler, body: bytes) -> None:
