@@ -2,7 +2,7 @@
 (Rust's object_store): whole objects, many byte ranges of one object, object sizes.
 
 Conventions: S3 credentials, region and endpoint come from the usual AWS_* variables
-(`AWS_ENDPOINT_URL` for S3-compatible stores) and the AWS profile (`pipeline/aws_profile.py`),
+(`AWS_ENDPOINT_URL` for S3-compatible stores) and the AWS profile (`pipeline/store_credentials.py`),
 GCS from GOOGLE_* ones; HTTPS certificates are
 verified. Requests are retried with backoff by obstore (5xx, connection resets, timeouts); a
 response shorter than asked for is read again once. Every failure is one `RemoteDataError` line
@@ -19,7 +19,7 @@ import urllib.request
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
-from pipeline.aws_profile import s3_settings
+from pipeline.store_credentials import instance_answers, s3_settings
 from pipeline.datasets import RemoteDataError
 
 SCHEMES = ("s3", "gs", "http", "https")
@@ -192,6 +192,9 @@ class ObjectStore:
             self.client = from_url(self.url, **self.options)
         except Exception as error:  # obstore raises its own classes and ValueError for a bad URL
             raise RemoteDataError(f"{self.shown}: cannot open ({describe_error(error)})") from None
+        scheme = urlsplit(self.url).scheme.lower()
+        if not instance_answers(scheme, self.options.get("config", {})):
+            raise RemoteDataError(f"{self.shown}: {NO_CREDENTIALS[scheme]}")
 
     def count(self, requests: int, size: int) -> None:
         """Adds requests made and bytes received (by this process or its fetch process)."""

@@ -134,7 +134,7 @@ def test_s3_missing_credentials(moto_s3, monkeypatch):
     with pytest.raises(RemoteDataError) as caught:
         open_store("s3://photos/wds").read("manifest.json")
     text = one_line(caught)
-    assert "s3://photos/wds/manifest.json" in text and "no credentials found" in text
+    assert text.startswith("s3://photos/wds") and "no credentials found" in text and "AWS_PROFILE" in text
 
 
 def without_aws_variables(monkeypatch, home):
@@ -204,8 +204,54 @@ def test_gcs_missing_credentials(monkeypatch):
     with pytest.raises(RemoteDataError) as caught:
         open_store("gs://photos/wds").read("manifest.json")
     text = one_line(caught)
-    assert "gs://photos/wds/manifest.json" in text and "no credentials found" in text
+    assert text.startswith("gs://photos/wds") and "no credentials found" in text
     assert "GOOGLE_APPLICATION_CREDENTIALS" in text
+
+
+class Silent:
+    """A TCP server that takes every connection and never answers: a metadata address where, off a
+    cloud instance, nothing replies."""
+
+    def __init__(self):
+        import socket
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.socket.getsockname()[1]}"
+        self.connections = []
+        threading.Thread(target=self._take, daemon=True).start()
+
+    def _take(self):
+        while True:
+            try:
+                self.connections.append(self.socket.accept()[0])
+            except OSError:
+                return
+
+    def close(self):
+        for connection in self.connections:
+            connection.close()
+        self.socket.close()
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_no_credentials_where_no_metadata_service_answers_is_said_after_one_try(scheme, monkeypatch, tmp_path):
+    """Off a cloud instance obstore would wait on the metadata address through its retries (a
+    minute) before failing: the store asks it once, briefly, and says so."""
+    silent = Silent()
+    without_aws_variables(monkeypatch, tmp_path)
+    for name in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://{silent.address}")
+    monkeypatch.setenv("GCE_METADATA_HOST", silent.address)
+    monkeypatch.setenv("GCE_METADATA_IP", silent.address)
+    try:
+        with pytest.raises(RemoteDataError) as caught:
+            open_store(f"{scheme}://photos/wds").read("manifest.json")
+    finally:
+        silent.close()
+    text = one_line(caught)
+    assert text.startswith(f"{scheme}://photos/wds: no credentials found")
+    # one probe (two for GCS: its host name, then its address), none of obstore's retries
+    assert len(silent.connections) == (1 if scheme == "s3" else 2)
 
 
 def answer(handler: http.server.BaseHTTPRequestHandler, body: bytes) -> None:

@@ -1,22 +1,28 @@
-"""The S3 settings a user has given the AWS way, gathered for obstore, which reads only the
-environment: the AWS_* variables first, then the profile in the shared files that `aws configure`
+"""Where a store's credentials come from, gathered for obstore, which reads only the environment.
+
+S3, the AWS way: the AWS_* variables first, then the profile in the shared files that `aws configure`
 writes (`~/.aws/credentials` and `~/.aws/config`, or AWS_SHARED_CREDENTIALS_FILE and
 AWS_CONFIG_FILE; the profile named by AWS_PROFILE, else `default`), as the AWS CLI and SDKs read
-them: its keys, region and endpoint.
+them: its keys, region and endpoint. A profile that gets its credentials by running something
+(assuming a role, SSO, a `credential_process`) is not run here: that is one line saying how to
+export what it gives. Web identity (AWS_WEB_IDENTITY_TOKEN_FILE, as on EKS) and a container's role
+are left to obstore.
 
-A profile that gets its credentials by running something (assuming a role, SSO, a
-`credential_process`) is not run here: that is one line saying how to export what it gives. With
-no keys anywhere, obstore asks the instance's role (the metadata service), as on EC2, and web
-identity (AWS_WEB_IDENTITY_TOKEN_FILE, as on EKS) is left to it too.
+Where nothing gives credentials (S3 or GCS), obstore asks the instance's metadata service, as on a
+cloud instance with a role. Off one, where nothing answers there, it would wait through its retries
+(a minute) before saying so: the service is asked first here, for a second, as the AWS SDKs do.
 """
 from __future__ import annotations
 
 import configparser
 import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from pipeline.datasets import RemoteDataError
 
+METADATA_TIMEOUT_S = 1.0       # the AWS SDKs' own wait for the instance metadata service
 KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 # What a profile may get its credentials by, which only the AWS CLI or an SDK runs
 RUN_BY_THE_SDK = ("credential_process", "role_arn", "sso_session", "sso_start_url", "web_identity_token_file")
@@ -82,3 +88,41 @@ def _read(path: Path) -> configparser.ConfigParser:
         reason = error.strerror if isinstance(error, OSError) else "not an INI file the AWS CLI reads"
         raise RemoteDataError(f"{path}: cannot be read ({reason})") from None
     return parser
+
+
+def instance_answers(scheme: str, s3: dict) -> bool:
+    """False where obstore would ask the instance's metadata service for credentials (nothing
+    else gives them) and nothing answers there within a second; True otherwise."""
+    env = os.environ
+    if scheme == "s3":
+        if (s3.get("aws_access_key_id") or env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE")
+                or env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+                or env.get("AWS_SKIP_SIGNATURE", "").lower() == "true"):
+            return True
+        endpoint = (env.get("AWS_METADATA_ENDPOINT") or "http://169.254.169.254").rstrip("/")
+        # IMDSv2's first request, as obstore makes it
+        return _answers(urllib.request.Request(f"{endpoint}/latest/api/token", method="PUT",
+                                               headers={"X-aws-ec2-metadata-token-ttl-seconds": "21600"}))
+    if scheme == "gs":
+        if (any(env.get(name) for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT",
+                                           "GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_SERVICE_ACCOUNT_KEY"))
+                or env.get("GOOGLE_SKIP_SIGNATURE", "").lower() == "true"
+                or (Path.home() / ".config" / "gcloud" / "application_default_credentials.json").exists()):
+            return True
+        hosts = (env.get("GCE_METADATA_HOST") or env.get("GCE_METADATA_ROOT") or "metadata.google.internal",
+                 env.get("GCE_METADATA_IP") or "169.254.169.254")
+        return any(_answers(urllib.request.Request(f"http://{host}/computeMetadata/v1/",
+                                                   headers={"Metadata-Flavor": "Google"})) for host in hosts)
+    return True
+
+
+def _answers(request: urllib.request.Request) -> bool:
+    """Whether an HTTP server answers the request at all (any status)."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))     # never through a proxy
+    try:
+        with direct.open(request, timeout=METADATA_TIMEOUT_S):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
