@@ -36,7 +36,7 @@ def stream(url: str, blocks: int, most_in_flight: int) -> tuple[float, int]:
     """(MiB/s, most requests in flight) reading `blocks` blocks of big.bin in order."""
     starts = np.arange(blocks, dtype=np.int64) * BLOCK_BYTES
     store = open_store(url)
-    shared = SharedBlocks(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts,
+    shared = SharedBlocks(store.client_url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts,
                           starts + BLOCK_BYTES, BLOCK_BYTES, WINDOW + most_in_flight, FETCH_THREADS, most_in_flight)
     try:
         order = np.arange(blocks, dtype=np.int64)

@@ -43,10 +43,11 @@ ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")   # Debian'
 class Nginx:
     """nginx serving `root` on 127.0.0.1; over HTTPS with `tls` = (certificate, key) files; each
     answer `delay_ms` late with `delay_ms` (nginx's echo module sleeps, then serves the file as
-    usual: a far store's round trip that costs this machine no CPU, where a proxy's copies do)."""
+    usual: a far store's round trip that costs this machine no CPU, where a proxy's copies do); to
+    the one `basic_auth` = (user, password) only, where given."""
 
     def __init__(self, root: Path, prefix: Path, port: int | None = None, tls: tuple[Path, Path] | None = None,
-                 delay_ms: float = 0):
+                 delay_ms: float = 0, basic_auth: tuple[str, str] | None = None):
         self.port = port or free_port()      # a port of its own, or that of a server stopped before
         prefix.mkdir(parents=True, exist_ok=True)
         self.access_log = prefix / "access.log"
@@ -59,6 +60,10 @@ class Nginx:
                 raise RuntimeError(f"a delay in nginx needs its echo module ({ECHO_MODULE}): "
                                    "apt-get install libnginx-mod-http-echo")
             delay = f"location / {{ echo_sleep {delay_ms / 1000:g}; echo_exec @stored; }} location @stored {{ }}"
+        auth = ""
+        if basic_auth:
+            (prefix / "htpasswd").write_text(f"{basic_auth[0]}:{{PLAIN}}{basic_auth[1]}\n")
+            auth = f'auth_basic "datasets"; auth_basic_user_file {prefix}/htpasswd;'
         conf.write_text(f"""{f"load_module {ECHO_MODULE};" if delay_ms else ""}
 daemon off; {user} pid {prefix}/nginx.pid; error_log {prefix}/error.log;
 events {{ worker_connections 256; }}
@@ -66,7 +71,7 @@ http {{
   access_log {self.access_log}; sendfile on; tcp_nopush on;
   client_body_temp_path {prefix}/body; proxy_temp_path {prefix}/proxy; fastcgi_temp_path {prefix}/fcgi;
   uwsgi_temp_path {prefix}/uwsgi; scgi_temp_path {prefix}/scgi;
-  server {{ listen 127.0.0.1:{self.port}{" ssl" if tls else ""}; root {root}; location /denied/ {{ deny all; }} {delay}
+  server {{ listen 127.0.0.1:{self.port}{" ssl" if tls else ""}; root {root}; {auth} location /denied/ {{ deny all; }} {delay}
            {f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};" if tls else ""} }}
 }}""")
         # -e: the log of its start too, which is otherwise the build's path (/var/log/nginx)

@@ -10,6 +10,7 @@ naming the URL through `redact`, so credentials carried in a URL are never print
 """
 from __future__ import annotations
 
+import base64
 import bisect
 import os
 import re
@@ -17,7 +18,7 @@ import threading
 import urllib.error
 import urllib.request
 from datetime import timedelta
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pipeline.store_credentials import instance_answers, s3_settings
 from pipeline.datasets import RemoteDataError
@@ -87,10 +88,12 @@ def merge_ranges(ranges: list[tuple[int, int]], gap: int = MERGE_GAP) -> list[tu
     return [(start, end) for start, end in merged]
 
 
-def describe_error(error: BaseException, scheme: str = "s3", bucket: str | None = None) -> str:
+def describe_error(error: BaseException, scheme: str = "s3", bucket: str | None = None,
+                   carries_user: bool = False) -> str:
     """What happened, in words a user acts on, from an obstore exception (whose text carries
     a multi-line debug dump that is never shown) met reading a `scheme` URL (of `bucket`, where
-    it has one: a bucket in another region is named with the region to set)."""
+    it has one: a bucket in another region is named with the region to set; that carries a user
+    and password, or not)."""
     from obstore import exceptions as errors
     text = str(error)
     low = text.lower()
@@ -103,6 +106,10 @@ def describe_error(error: BaseException, scheme: str = "s3", bucket: str | None 
     if isinstance(error, (errors.NotFoundError, FileNotFoundError)) or code == 404:
         return "not found (404)"
     if isinstance(error, (errors.PermissionDeniedError, errors.UnauthenticatedError)) or code in (401, 403):
+        if scheme in ("http", "https") and code == 401:
+            return ("the server refused the user and password in the URL (401)" if carries_user else
+                    "the server asks for a user and password (401): give them in the URL, "
+                    f"{scheme}://USER:PASSWORD@host/...")
         if scheme in ("http", "https"):
             return f"access denied ({code or 403}) by the server: its access rules, or a signed URL's expiry"
         return f"access denied ({code or 403}): check the credentials (the AWS_* or GOOGLE_* variables) and the bucket's policy"
@@ -184,12 +191,13 @@ class ObjectStore:
         self.requests = self.bytes_read = 0       # made and received by this process, for the benchmarks
         self._counter_lock = threading.Lock()
         # Kept for the fetch process of a streamed split (pipeline/shared_blocks.py), which opens its own
+        self.client_url = client_url(self.url)
         try:
             self.options = store_options(self.url, retries, timeout_s)
         except RemoteDataError as error:      # the AWS profile asked for is not usable
             raise RemoteDataError(f"{self.shown}: {error}") from None
         try:
-            self.client = from_url(self.url, **self.options)
+            self.client = from_url(self.client_url, **self.options)
         except Exception as error:  # obstore raises its own classes and ValueError for a bad URL
             raise RemoteDataError(f"{self.shown}: cannot open ({describe_error(error)})") from None
         scheme = urlsplit(self.url).scheme.lower()
@@ -256,7 +264,7 @@ class ObjectStore:
 
 def _error(where: str, error: BaseException) -> RemoteDataError:
     parts = urlsplit(where)
-    what = describe_error(error, parts.scheme.lower(), parts.hostname)
+    what = describe_error(error, parts.scheme.lower(), parts.hostname, carries_user="@" in parts.netloc)
     return (RemoteNotFound if what.startswith("not found") else RemoteDataError)(f"{where}: {what}")
 
 
@@ -279,11 +287,17 @@ def _containing(starts: list[int], position: int) -> int:
 def store_options(url: str, retries: int, timeout_s: float) -> dict:
     """obstore's `from_url` keyword arguments for the URL: retries with backoff, a stalled request
     abandoned after timeout_s and retried, plain http only where the user named it (an http:// URL
-    or endpoint, or AWS_ALLOW_HTTP / GOOGLE_ALLOW_HTTP set to true)."""
+    or endpoint, or AWS_ALLOW_HTTP / GOOGLE_ALLOW_HTTP set to true), the user and password an
+    http(s):// URL carries as a header (`client_url` is the URL to give with them)."""
     scheme = urlsplit(url).scheme.lower()
     retry = {"max_retries": retries, "retry_timeout": timedelta(seconds=60),
              "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=5), "base": 2}}
     options = {"timeout": f"{timeout_s:g}s", "connect_timeout": "5s"}
+    parts = urlsplit(url)
+    if scheme in ("http", "https") and parts.username is not None:
+        # obstore sends no credentials a URL carries: they go as HTTP Basic auth, as curl sends them
+        user_password = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        options["default_headers"] = {"Authorization": "Basic " + base64.b64encode(user_password).decode()}
     s3 = s3_settings() if scheme == "s3" else {}
     if (scheme == "http" or s3.get("aws_endpoint", "").startswith("http://")
             or os.environ.get(ALLOW_HTTP_VARIABLES.get(scheme, ""), "").lower() in ("1", "true")):
@@ -292,6 +306,12 @@ def store_options(url: str, retries: int, timeout_s: float) -> dict:
     if scheme == "s3":
         kwargs["config"] = s3
     return kwargs
+
+
+def client_url(url: str) -> str:
+    """The URL without the user and password it may carry, which `store_options` sends as a header."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1])) if "@" in parts.netloc else url
 
 
 def open_store(url: str, timeout_s: float | None = None) -> ObjectStore:

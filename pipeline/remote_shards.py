@@ -262,7 +262,7 @@ class RemoteShards(StoredShards):
         slots = int(most_held(visits.first, visits.last, window) * SPARE_SLOTS) + MOST_STREAMED_REQUESTS
         store = self.source.store
         try:
-            self._shared = SharedBlocks(store.url, store.options, [shard.object_name for shard in self.shards],
+            self._shared = SharedBlocks(store.client_url, store.options, [shard.object_name for shard in self.shards],
                                         self.block_shard, self.block_start, self.block_end, self.block_bytes,
                                         slots, FETCH_THREADS, MOST_STREAMED_REQUESTS)
         except OSError as error:

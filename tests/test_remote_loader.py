@@ -112,6 +112,32 @@ def test_gs_batches_equal_local_disk(converted_sets, tmp_path, monkeypatch, cach
         assert "GET /bench/photos_wds/train/shard-000000.tar " in unquote(nginx.access_log.read_text())
 
 
+@pytest.mark.parametrize("cache_limit", [None, 1], ids=["disk-cache", "streamed"])
+def test_http_user_and_password_in_the_url_are_sent_to_the_server(converted_sets, tmp_path, cache_limit):
+    """https://user:password@host/... as curl takes it (obstore alone sends no credentials a URL
+    carries): nginx with basic auth, in the fetch process too; the password is never shown."""
+    from benchmarks.loopback_servers import Nginx
+    local = converted_sets["photos"]["webdataset"]
+    server = Nginx(local.parent, tmp_path / "nginx", basic_auth=("reader", "p@ss w/rd%"))
+    try:
+        port = server.url.rsplit(":", 1)[1]
+        options = {} if cache_limit is None else {"cache_limit": cache_limit}
+        remote = build_loader(spec(f"http://reader:p%40ss%20w%2Frd%25@127.0.0.1:{port}/photos_wds",
+                                   cache_dir=tmp_path / "cache", **options))
+        assert remote.stored.in_memory == (cache_limit is not None)
+        assert_same(batches(build_loader(spec(local))), batches(remote))
+        refused = {}
+        for url in (f"http://reader:not-the-password@127.0.0.1:{port}/photos_wds", f"{server.url}/photos_wds"):
+            with pytest.raises(RemoteDataError) as caught:
+                build_loader(spec(url, cache_dir=tmp_path))
+            refused[url.count("@")] = str(caught.value)
+    finally:
+        server.stop()
+    assert refused[1].startswith(f"http://***@127.0.0.1:{port}/photos_wds/manifest.json: the server refused the user")
+    assert "not-the-password" not in refused[1]
+    assert refused[0].endswith("asks for a user and password (401): give them in the URL, http://USER:PASSWORD@host/...")
+
+
 def test_cache_is_reused_and_bounded(converted_sets, photos_server, tmp_path):
     url = f"{photos_server.url}/photos_wds"
     loader = build_loader(spec(url, cache_dir=tmp_path))
