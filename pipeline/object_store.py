@@ -20,7 +20,7 @@ import urllib.request
 from datetime import timedelta
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pipeline.store_credentials import instance_answers, s3_settings
+from pipeline.store_credentials import instance_answers, s3_ca_bundle, s3_settings
 from pipeline.datasets import RemoteDataError
 
 SCHEMES = ("s3", "gs", "http", "https")
@@ -124,8 +124,8 @@ def describe_error(error: BaseException, scheme: str = "s3", bucket: str | None 
     if "dns error" in low or "failed to lookup" in low or "name or service not known" in low:
         return "unknown host: check the endpoint"
     if "invalidcertificate" in low or "certificate verify failed" in low:
-        return ("the server's certificate is not trusted here (verified by default): give its CA as "
-                "SSL_CERT_FILE=ca.pem, or fix the certificate")
+        trust = "AWS_CA_BUNDLE=ca.pem (or SSL_CERT_FILE)" if scheme == "s3" else "SSL_CERT_FILE=ca.pem"
+        return f"the server's certificate is not trusted here (verified by default): give its CA as {trust}, or fix the certificate"
     if "credential" in low and scheme in NO_CREDENTIALS:
         return NO_CREDENTIALS[scheme]
     if "range request not supported" in low:
@@ -305,6 +305,9 @@ def store_options(url: str, retries: int, timeout_s: float) -> dict:
     kwargs = {"client_options": options, "retry_config": retry}
     if scheme == "s3":
         kwargs["config"] = s3
+        bundle = s3_ca_bundle()
+        if bundle:
+            options["root_certificate"] = bundle     # trusted besides the system's roots
     return kwargs
 
 

@@ -3,7 +3,7 @@
 S3, the AWS way: the AWS_* variables first, then the profile in the shared files that `aws configure`
 writes (`~/.aws/credentials` and `~/.aws/config`, or AWS_SHARED_CREDENTIALS_FILE and
 AWS_CONFIG_FILE; the profile named by AWS_PROFILE, else `default`), as the AWS CLI and SDKs read
-them: its keys, region and endpoint. A profile that gets its credentials by running something
+them: its keys, region, endpoint and CA bundle (or AWS_CA_BUNDLE). A profile that gets its credentials by running something
 (assuming a role, SSO, a `credential_process`) is not run here: that is one line saying how to
 export what it gives. Web identity (AWS_WEB_IDENTITY_TOKEN_FILE, as on EKS) and a container's role
 are left to obstore.
@@ -59,6 +59,23 @@ def s3_settings() -> dict:
                 f"AWS profile {name} gets its credentials through {way}, which only the AWS CLI or an SDK runs: "
                 f"export them for the job first: eval \"$(aws configure export-credentials --profile {name} --format env)\"")
     return settings
+
+
+def s3_ca_bundle() -> str | None:
+    """The PEM text of the CA certificates to trust besides the system's for S3 (a store inside
+    the cluster with a private CA): AWS_CA_BUNDLE, else the profile's `ca_bundle`."""
+    path = os.environ.get("AWS_CA_BUNDLE")
+    if not path:
+        path = (_profile(os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE") or "default")[0]
+                or {}).get("ca_bundle")
+    if not path:
+        return None
+    try:
+        return Path(path).expanduser().read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "not a PEM file"
+        raise RemoteDataError(f"{path}: the CA bundle for S3 (AWS_CA_BUNDLE or the profile's ca_bundle) cannot be "
+                              f"read ({reason})") from None
 
 
 def _profile(name: str) -> tuple[dict | None, list[Path]]:

@@ -1,6 +1,8 @@
 """A dataset behind HTTPS, served by nginx on loopback with a certificate of a test CA made here
 by openssl: refused in one line while the CA is not trusted (certificates are verified by
-default), and read bit for bit as from local disk once SSL_CERT_FILE names it."""
+default), and read bit for bit as from local disk once SSL_CERT_FILE names it; through the S3
+API (nginx answering path-style requests, as an S3-compatible store inside a cluster does) once
+AWS_CA_BUNDLE or the AWS profile's `ca_bundle` names it."""
 from __future__ import annotations
 
 import subprocess
@@ -10,6 +12,9 @@ import pytest
 from benchmarks.loopback_servers import Nginx
 from pipeline import LoaderSpec, build_loader
 from pipeline.datasets import RemoteDataError, read_converted
+
+
+SETTINGS = dict(backend="webdataset", split="val", batch_size=16, val_resolution=64, num_workers=2)
 
 
 def _openssl(*args, cwd) -> None:
@@ -29,8 +34,11 @@ def https_server(converted_sets, tmp_path_factory):
                                   "extendedKeyUsage=serverAuth\n")
     _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
              "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf", cwd=keys)
-    server = Nginx(converted_sets["photos"]["webdataset"].parent, tmp_path_factory.mktemp("nginx-tls"),
-                   tls=(keys / "server.pem", keys / "server.key"))
+    # The photos conversion at /photos_wds and, for path-style S3 requests, in the bucket `datasets`
+    served = tmp_path_factory.mktemp("https-root")
+    (served / "photos_wds").symlink_to(converted_sets["photos"]["webdataset"], target_is_directory=True)
+    (served / "datasets").symlink_to(served, target_is_directory=True)
+    server = Nginx(served, tmp_path_factory.mktemp("nginx-tls"), tls=(keys / "server.pem", keys / "server.key"))
     yield server, keys / "ca.pem"
     server.stop()
 
@@ -48,9 +56,34 @@ def test_an_untrusted_certificate_is_refused_in_one_line(https_server, monkeypat
 def test_with_its_ca_trusted_the_batches_are_those_of_local_disk(converted_sets, https_server, monkeypatch, tmp_path):
     server, ca = https_server
     monkeypatch.setenv("SSL_CERT_FILE", str(ca))
-    settings = dict(backend="webdataset", split="val", batch_size=16, val_resolution=64, num_workers=2)
-    local = build_loader(LoaderSpec(path=str(converted_sets["photos"]["webdataset"]), **settings))
-    remote = build_loader(LoaderSpec(path=f"{server.url}/photos_wds", cache_dir=str(tmp_path), **settings))
+    assert_same_batches(converted_sets, f"{server.url}/photos_wds", tmp_path)
+
+
+@pytest.mark.parametrize("named_by", ["AWS_CA_BUNDLE", "profile"])
+def test_s3_behind_a_private_ca_is_read_once_the_aws_way_names_it(converted_sets, https_server, monkeypatch,
+                                                                  tmp_path, named_by):
+    server, ca = https_server
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name, value in (("AWS_ENDPOINT_URL", server.url), ("AWS_ACCESS_KEY_ID", "any"),
+                        ("AWS_SECRET_ACCESS_KEY", "any"), ("AWS_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RemoteDataError) as caught:
+        read_converted("s3://datasets/photos_wds", "val", "webdataset", cache_dir=str(tmp_path))
+    assert "certificate" in str(caught.value)
+    if named_by == "profile":
+        (tmp_path / ".aws").mkdir()
+        (tmp_path / ".aws" / "config").write_text(f"[default]\nca_bundle = {ca}\n")
+    else:
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(ca))
+    assert_same_batches(converted_sets, "s3://datasets/photos_wds", tmp_path)
+
+
+def assert_same_batches(converted_sets, url: str, tmp_path) -> None:
+    local = build_loader(LoaderSpec(path=str(converted_sets["photos"]["webdataset"]), **SETTINGS))
+    remote = build_loader(LoaderSpec(path=url, cache_dir=str(tmp_path / "cache"), **SETTINGS))
     pairs = list(zip(local, remote))
     assert len(pairs) == len(local) > 0
     for (x1, y1), (x2, y2) in pairs:
