@@ -15,6 +15,7 @@ import numpy as np
 
 from pipeline.imagefolder import LayoutError, Sample, find_classes, scan_split
 from pipeline.manifest import MANIFEST, ManifestError, manifest_path, read_manifest
+from pipeline.store_urls import is_url, redact
 
 IMAGE_MEMBER, LABEL_MEMBER = "jpg", "lbl"     # the members of a sample the loaders read
 # The command that makes each format, for the messages that tell a user what to run
@@ -86,7 +87,6 @@ def converted_format(path: str | Path) -> Optional[str]:
 
 def require_directory(path: str | Path, backend: str) -> None:
     """A one-line error for a data path that is no directory, phrased for the backend reading it."""
-    from pipeline.object_store import is_url, redact   # here: object_store imports this module's errors
     if is_url(path):
         if backend in REMOTE_BACKENDS:
             return
@@ -107,7 +107,6 @@ def require_directory(path: str | Path, backend: str) -> None:
 def read_converted(path: str | Path, split: str, expected_format: str, **remote) -> ConvertedSplit:
     """The manifest's view of one converted split, with its files checked to be whole. A URL is
     read by pipeline/remote_dataset.py, with `remote`'s cache settings."""
-    from pipeline.object_store import is_url
     if is_url(path):
         from pipeline.remote_dataset import read_remote_converted
         return read_remote_converted(str(path), split, expected_format, **remote)
@@ -134,7 +133,6 @@ def split_size(path: str | Path, split: str, backend: str) -> int:
     """Samples in a split, known before any loader reads it: a converted split's count from its
     manifest (the loader checks the files when it reads them), else a scan of the folder. A
     backend that reads only converted data (ffcv, webdataset) gets the manifest's error, not a scan."""
-    from pipeline.object_store import is_url
     if is_url(path):
         from pipeline.remote_dataset import remote_manifest
         manifest, _, store = remote_manifest(str(path))

@@ -28,7 +28,8 @@ from pipeline.atomic_files import FULL_DISK, write_bytes_atomic
 from pipeline.block_cache import BlockCache, parse_size
 from pipeline.datasets import CONVERTERS, ConvertedSplit, DatasetError, RemoteDataError, Shard, member_table, split_record
 from pipeline.manifest import MANIFEST, ManifestError, parse_manifest
-from pipeline.object_store import ObjectStore, RemoteNotFound, open_store
+from pipeline.object_store import ObjectStore, open_store
+from pipeline.store_errors import RemoteNotFound
 from pipeline.staged_file import stage_file
 
 DEFAULT_CACHE_LIMIT = "16GiB"

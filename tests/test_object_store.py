@@ -11,7 +11,8 @@ import urllib.request
 import pytest
 
 from pipeline.datasets import RemoteDataError
-from pipeline.object_store import is_url, merge_ranges, open_store, redact
+from pipeline.object_store import merge_ranges, open_store
+from pipeline.store_urls import is_url, redact
 from benchmarks.loopback_servers import free_port
 
 SHARD = "train/shard-000000.tar"

@@ -37,7 +37,7 @@ from nvidia.dali.auto_aug import rand_augment
 from pipeline.base import Loader
 from pipeline.crops import RANDOM_CROP_ATTEMPTS, sample_seed
 from pipeline.datasets import DatasetError, is_converted, read_converted, read_folder
-from pipeline.object_store import is_url
+from pipeline.store_urls import is_url
 from pipeline.randaugment import SEVERITY_BINS
 from pipeline.remote_shards import RemoteShards
 from pipeline.shard_index import StoredShards
