@@ -19,7 +19,7 @@ from datetime import timedelta
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pipeline.datasets import RemoteDataError
-from pipeline.store_credentials import instance_answers, s3_ca_bundle, s3_settings
+from pipeline.store_credentials import instance_answers, s3_ca_bundle, s3_options
 from pipeline.store_errors import NO_CREDENTIALS, describe_error, store_error
 from pipeline.store_urls import client_url, is_url, redact
 
@@ -56,6 +56,8 @@ class ObjectStore:
         self.client_url = client_url(self.url)
         try:
             self.options = store_options(self.url, retries, timeout_s)
+            if "credential_provider" in self.options:
+                self.options["credential_provider"]()      # its failure as one line now, not at the first read
         except RemoteDataError as error:      # the AWS profile asked for is not usable
             raise RemoteDataError(f"{self.shown}: {error}") from None
         try:
@@ -63,7 +65,7 @@ class ObjectStore:
         except Exception as error:  # obstore raises its own classes and ValueError for a bad URL
             raise RemoteDataError(f"{self.shown}: cannot open ({describe_error(error)})") from None
         scheme = urlsplit(self.url).scheme.lower()
-        if not instance_answers(scheme, self.options.get("config", {})):
+        if not instance_answers(scheme, self.options):
             raise RemoteDataError(f"{self.shown}: {NO_CREDENTIALS[scheme]}")
 
     def count(self, requests: int, size: int) -> None:
@@ -154,13 +156,13 @@ def store_options(url: str, retries: int, timeout_s: float) -> dict:
         # obstore sends no credentials a URL carries: they go as HTTP Basic auth, as curl sends them
         user_password = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
         options["default_headers"] = {"Authorization": "Basic " + base64.b64encode(user_password).decode()}
-    s3 = s3_settings() if scheme == "s3" else {}
-    if (scheme == "http" or s3.get("aws_endpoint", "").startswith("http://")
+    s3 = s3_options() if scheme == "s3" else {"config": {}}
+    if (scheme == "http" or s3["config"].get("aws_endpoint", "").startswith("http://")
             or os.environ.get(ALLOW_HTTP_VARIABLES.get(scheme, ""), "").lower() in ("1", "true")):
         options["allow_http"] = True
     kwargs = {"client_options": options, "retry_config": retry}
     if scheme == "s3":
-        kwargs["config"] = s3
+        kwargs.update(s3)
         bundle = s3_ca_bundle()
         if bundle:
             options["root_certificate"] = bundle     # trusted besides the system's roots

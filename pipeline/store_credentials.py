@@ -3,9 +3,9 @@
 S3, the AWS way: the AWS_* variables first, then the profile in the shared files that `aws configure`
 writes (`~/.aws/credentials` and `~/.aws/config`, or AWS_SHARED_CREDENTIALS_FILE and
 AWS_CONFIG_FILE; the profile named by AWS_PROFILE, else `default`), as the AWS CLI and SDKs read
-them: its keys, region, endpoint and CA bundle (or AWS_CA_BUNDLE). A profile that gets its credentials by running something
-(assuming a role, SSO, a `credential_process`) is not run here: that is one line saying how to
-export what it gives. Web identity (AWS_WEB_IDENTITY_TOKEN_FILE, as on EKS) and a container's role
+them: its keys, region, endpoint and CA bundle (or AWS_CA_BUNDLE), or its `credential_process`,
+run when keys are needed. A profile that gets its credentials by assuming a role or by SSO is not
+run here: that is one line saying how to give it a `credential_process` through the AWS CLI. Web identity (AWS_WEB_IDENTITY_TOKEN_FILE, as on EKS) and a container's role
 are left to obstore.
 
 Where nothing gives credentials (S3 or GCS), obstore asks the instance's metadata service, as on a
@@ -15,23 +15,32 @@ cloud instance with a role. Off one, where nothing answers there, it would wait 
 from __future__ import annotations
 
 import configparser
+import json
 import os
+import shlex
+import subprocess
 import urllib.error
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from pipeline.datasets import RemoteDataError
 
 METADATA_TIMEOUT_S = 1.0       # the AWS SDKs' own wait for the instance metadata service
+PROCESS_TIMEOUT_S = 60         # for a credential_process (a login prompt would wait for ever)
+PROCESS_REFRESH_MARGIN = timedelta(minutes=5)     # keys this near their expiry are asked for again
 KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 # What a profile may get its credentials by, which only the AWS CLI or an SDK runs
-RUN_BY_THE_SDK = ("credential_process", "role_arn", "sso_session", "sso_start_url", "web_identity_token_file")
+RUN_BY_THE_SDK = ("role_arn", "sso_session", "sso_start_url", "web_identity_token_file")
 
 
-def s3_settings() -> dict:
-    """obstore's S3 config: the endpoint, region and keys that the environment or the profile gives."""
+def s3_options() -> dict:
+    """obstore's `from_url` keyword arguments for S3: `config`, the endpoint, region and keys that
+    the environment or the profile gives, and `credential_provider` where the profile's
+    `credential_process` gives the keys (not run yet)."""
     env = os.environ
-    settings = {}
+    settings: dict = {}
+    options = {"config": settings}
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
         settings["aws_endpoint"] = endpoint
@@ -39,8 +48,9 @@ def s3_settings() -> dict:
     keys_given = bool(env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE"))
     region_given = bool(env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"))
     if keys_given and region_given and endpoint and not named:
-        return settings      # nothing a profile says would be used
-    profile, files = _profile(named or "default")
+        return options      # nothing a profile says would be used
+    name = named or "default"
+    profile, files = _profile(name)
     if profile is None:
         if named:
             raise RemoteDataError(f"AWS_PROFILE={named}: no such profile in {' or '.join(map(str, files))}")
@@ -49,16 +59,59 @@ def s3_settings() -> dict:
         settings["aws_endpoint"] = profile["endpoint_url"]
     if not region_given and profile.get("region"):
         settings["aws_region"] = profile["region"]
-    if not keys_given:
-        if profile.get("aws_access_key_id") and profile.get("aws_secret_access_key"):
-            settings.update({key: profile[key] for key in KEYS if profile.get(key)})
-        elif any(profile.get(way) for way in RUN_BY_THE_SDK):
-            way = next(way for way in RUN_BY_THE_SDK if profile.get(way))
-            name = named or "default"
-            raise RemoteDataError(
-                f"AWS profile {name} gets its credentials through {way}, which only the AWS CLI or an SDK runs: "
-                f"export them for the job first: eval \"$(aws configure export-credentials --profile {name} --format env)\"")
-    return settings
+    if keys_given:
+        return options
+    if profile.get("aws_access_key_id") and profile.get("aws_secret_access_key"):
+        settings.update({key: profile[key] for key in KEYS if profile.get(key)})
+    elif profile.get("credential_process"):
+        options["credential_provider"] = CredentialProcess(profile["credential_process"], name)
+    elif any(profile.get(way) for way in RUN_BY_THE_SDK):
+        way = next(way for way in RUN_BY_THE_SDK if profile.get(way))
+        raise RemoteDataError(
+            f"AWS profile {name} gets its credentials through {way}, which only the AWS CLI or an SDK runs: give the "
+            f"job a profile with credential_process = aws configure export-credentials --profile {name} --format process")
+    return options
+
+
+def s3_settings() -> dict:
+    """obstore's S3 config (`s3_options`' `config`)."""
+    return s3_options()["config"]
+
+
+class CredentialProcess:
+    """obstore's credential provider for a profile's `credential_process`: the command is run, as
+    the AWS CLI runs it, for keys at the start and again whenever those it gave are about to expire
+    (obstore asks then), so a run of days outlives credentials of an hour. It travels to the fetch
+    process with the keys it got last."""
+
+    def __init__(self, command: str, profile: str):
+        self.command, self.profile = command, profile
+        self.last: dict | None = None
+
+    def __call__(self) -> dict:
+        last = self.last
+        if last is not None and (last["expires_at"] is None or
+                                 last["expires_at"] - datetime.now(timezone.utc) > PROCESS_REFRESH_MARGIN):
+            return last
+        where = f"the credential_process of AWS profile {self.profile}"
+        try:
+            result = subprocess.run(shlex.split(self.command), capture_output=True, text=True,
+                                    timeout=PROCESS_TIMEOUT_S)
+        except (OSError, ValueError, subprocess.TimeoutExpired) as error:
+            raise RemoteDataError(f"{where} did not run ({getattr(error, 'strerror', None) or error})") from None
+        if result.returncode != 0:
+            said = (result.stderr.strip().splitlines() or [""])[-1][:200]
+            raise RemoteDataError(f"{where} exited with {result.returncode}" + (f": {said}" if said else ""))
+        try:     # its output holds the secret: never shown
+            given = json.loads(result.stdout)
+            expires = given.get("Expiration")
+            self.last = {"access_key_id": given["AccessKeyId"], "secret_access_key": given["SecretAccessKey"],
+                         "token": given.get("SessionToken"),
+                         "expires_at": datetime.fromisoformat(expires.replace("Z", "+00:00")) if expires else None}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise RemoteDataError(f"{where} did not print the JSON the AWS CLI reads (Version, AccessKeyId, "
+                                  f"SecretAccessKey, SessionToken, Expiration)") from None
+        return self.last
 
 
 def s3_ca_bundle() -> str | None:
@@ -107,12 +160,13 @@ def _read(path: Path) -> configparser.ConfigParser:
     return parser
 
 
-def instance_answers(scheme: str, s3: dict) -> bool:
-    """False where obstore would ask the instance's metadata service for credentials (nothing
-    else gives them) and nothing answers there within a second; True otherwise."""
+def instance_answers(scheme: str, options: dict) -> bool:
+    """False where obstore, given `options` (from `s3_options`), would ask the instance's metadata
+    service for credentials (nothing else gives them) and nothing answers there within a second;
+    True otherwise."""
     env = os.environ
     if scheme == "s3":
-        if (s3.get("aws_access_key_id") or env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE")
+        if (options.get("config", {}).get("aws_access_key_id") or options.get("credential_provider") or env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE")
                 or env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI")
                 or env.get("AWS_SKIP_SIGNATURE", "").lower() == "true"):
             return True

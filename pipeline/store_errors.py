@@ -25,6 +25,8 @@ REGION_LOOKUP_TIMEOUT_S = 5
 _TIMED_OUT = re.compile(r"timed out|(?<!retry_)timeout", re.I)
 _PERFORMING = re.compile(r"^.*?Error performing \w+ \S+ in [^-]*- ")
 _URL = re.compile(r"https?://\S+")
+# A credential provider of ours (a profile's credential_process) that failed, as obstore reports it
+_PROVIDER_SAYS = re.compile(r"credential provider: RemoteDataError: ([^\n]{1,400})")
 NO_CREDENTIALS = {
     "s3": ("no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE to a profile of "
            "~/.aws/credentials (or run where an instance role provides them)"),
@@ -47,6 +49,9 @@ def describe_error(error: BaseException, scheme: str = "s3", bucket: str | None 
     from obstore import exceptions as errors
     text = str(error)
     low = text.lower()
+    provider = _PROVIDER_SAYS.search(text)
+    if provider:
+        return provider.group(1)
     if "/latest/api/token" in text or "/latest/meta-data" in text:
         return NO_CREDENTIALS["s3"]     # no keys in the environment or the profile: obstore asked the instance
     if "/computemetadata/" in low:

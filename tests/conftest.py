@@ -4,6 +4,7 @@ share the CPU with another worker's test; a small real file system to fill (`tmp
 hooks that end a test past its time limit (`suite_timeouts.py`)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -255,6 +257,60 @@ def moto_s3(served_files):
             obstore.put(store, f"wds/{path.relative_to(served_files)}", path.read_bytes())
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_reader(moto_s3) -> dict:
+    """An IAM user of moto's allowed everything in S3: its access key (AccessKeyId, SecretAccessKey),
+    for the tests that turn moto's checking of keys on (`checking_credentials`)."""
+    import boto3
+    iam = boto3.client("iam", endpoint_url=moto_s3.url, region_name="us-east-1", aws_access_key_id="testing",
+                       aws_secret_access_key="testing")
+    iam.create_user(UserName="reader")
+    iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    return iam.create_access_key(UserName="reader")["AccessKey"]
+
+
+@contextlib.contextmanager
+def checking_credentials(moto_s3):
+    """moto checks keys and signatures while the context lasts: it does once its count of
+    unauthenticated actions is 0 (its reset-auth API)."""
+    def set_auth(count: bytes):
+        request = urllib.request.Request(f"{moto_s3.url}/moto-api/reset-auth", data=count,
+                                         headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(request).read()
+
+    set_auth(b"0")
+    try:
+        yield
+    finally:
+        set_auth(b"inf")
+
+
+def without_aws_variables(monkeypatch, home: Path) -> None:
+    """No AWS_* variable set (the metadata service a closed local port), HOME at `home`, with an
+    empty ~/.aws."""
+    from benchmarks.loopback_servers import free_port
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("HOME", str(home))
+    (home / ".aws").mkdir()
+
+
+def credential_process(folder: Path, key: dict, expires_in_s: float) -> tuple[str, Path]:
+    """A credential_process command giving `key`, valid for expires_in_s from each run, and the
+    file it adds a line to at each run."""
+    ran = folder / "credential-process-runs"
+    script = folder / "credential_process.py"
+    script.write_text(f"""import datetime, json, sys
+open({str(ran)!r}, "a").write("ran\\n")
+expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds={expires_in_s})
+print(json.dumps({{"Version": 1, "AccessKeyId": {key['AccessKeyId']!r}, "SecretAccessKey": {key['SecretAccessKey']!r},
+                  "Expiration": expires.isoformat()}}))
+""")
+    return f"{sys.executable} {script}", ran
 
 
 class AnswersAsS3ToAnotherRegion(http.server.BaseHTTPRequestHandler):

@@ -2,11 +2,9 @@
 HTTP, moto's S3 server, and a stdlib server that fails its first requests."""
 from __future__ import annotations
 
-import contextlib
 import http.server
-import json
+import sys
 import threading
-import urllib.request
 
 import pytest
 
@@ -14,6 +12,7 @@ from pipeline.datasets import RemoteDataError
 from pipeline.object_store import merge_ranges, open_store
 from pipeline.store_urls import is_url, redact
 from benchmarks.loopback_servers import free_port
+from conftest import checking_credentials, credential_process, without_aws_variables
 
 SHARD = "train/shard-000000.tar"
 
@@ -98,22 +97,6 @@ def test_s3_wrong_credentials_and_wrong_endpoint(moto_s3, monkeypatch):
     assert "s3://photos/wds/manifest.json" in text and "connection refused" in text
 
 
-@contextlib.contextmanager
-def checking_credentials(moto_s3):
-    """moto checks keys and signatures while the context lasts: it does once its count of
-    unauthenticated actions is 0 (its reset-auth API)."""
-    def set_auth(count: bytes):
-        request = urllib.request.Request(f"{moto_s3.url}/moto-api/reset-auth", data=count,
-                                         headers={"Content-Type": "text/plain"})
-        urllib.request.urlopen(request).read()
-
-    set_auth(b"0")
-    try:
-        yield
-    finally:
-        set_auth(b"inf")
-
-
 def test_s3_unknown_credentials_are_denied(moto_s3, monkeypatch):
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_s3.url)
@@ -138,26 +121,11 @@ def test_s3_missing_credentials(moto_s3, monkeypatch):
     assert text.startswith("s3://photos/wds") and "no credentials found" in text and "AWS_PROFILE" in text
 
 
-def without_aws_variables(monkeypatch, home):
-    """No AWS_* variable set (the metadata service a closed local port), HOME at `home`."""
-    import os
-    for name in [name for name in os.environ if name.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("HOME", str(home))
-    (home / ".aws").mkdir()
-
-
-def test_s3_keys_region_and_endpoint_come_from_the_aws_profile(moto_s3, served_files, monkeypatch, tmp_path):
+def test_s3_keys_region_and_endpoint_come_from_the_aws_profile(moto_s3, moto_reader, served_files, monkeypatch,
+                                                               tmp_path):
     """As `aws configure` writes them: keys in ~/.aws/credentials, region and endpoint in
     ~/.aws/config, the profile named by AWS_PROFILE. moto checks the keys and the signature."""
-    import boto3
-    iam = boto3.client("iam", endpoint_url=moto_s3.url, region_name="us-east-1", aws_access_key_id="testing",
-                       aws_secret_access_key="testing")
-    iam.create_user(UserName="reader")
-    iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
-    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    key = moto_reader
     without_aws_variables(monkeypatch, tmp_path)
     (tmp_path / ".aws" / "credentials").write_text(
         f"[default]\naws_access_key_id = AKIANOTTHISONE\naws_secret_access_key = not-this-one\n\n"
@@ -180,7 +148,7 @@ def test_s3_keys_region_and_endpoint_come_from_the_aws_profile(moto_s3, served_f
     ("[profile corp]\nsso_session = corp\nregion = eu-west-1\n", "corp",
      "AWS profile corp gets its credentials through sso_session"),
     ("[profile ops]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n", "ops",
-     "aws configure export-credentials --profile ops --format env"),
+     "credential_process = aws configure export-credentials --profile ops --format process"),
     ("[profile corp]\nregion = eu-west-1\n", "missing", "AWS_PROFILE=missing: no such profile in"),
     ("[profile corp\nregion = eu-west-1 secret-looking-value\n", "corp", "cannot be read (not an INI file"),
 ])
@@ -192,6 +160,52 @@ def test_an_aws_profile_that_cannot_sign_is_one_line_naming_it(profiles, named, 
         open_store("s3://photos/wds")
     text = one_line(caught)
     assert text.startswith("s3://photos/wds: ") and expected in text and "secret-looking-value" not in text
+
+
+@pytest.mark.parametrize("expires_in_s, runs", [(3600, 1), (-1, 2)], ids=["valid-an-hour", "expired"])
+def test_s3_keys_from_a_credential_process_are_asked_for_again_as_they_expire(
+        moto_s3, moto_reader, served_files, monkeypatch, tmp_path, expires_in_s, runs):
+    """The profile's credential_process gives the keys (moto checks them), run once while they
+    hold and again once they expire, as obstore asks for them again."""
+    without_aws_variables(monkeypatch, tmp_path)
+    command, ran = credential_process(tmp_path, moto_reader, expires_in_s)
+    (tmp_path / ".aws" / "config").write_text(f"[profile job]\ncredential_process = {command}\nregion = us-east-1\n"
+                                              f"endpoint_url = {moto_s3.url}\n")
+    monkeypatch.setenv("AWS_PROFILE", "job")
+    with checking_credentials(moto_s3):
+        store = open_store("s3://photos/wds")
+        for _ in range(2):
+            assert store.read_ranges(SHARD, [(7, 900)])[0] == (served_files / SHARD).read_bytes()[7:900]
+    times_run = len(ran.read_text().splitlines())
+    if runs == 1:
+        assert times_run == 1      # its keys kept while they hold: not run again for the first read
+    else:
+        assert times_run >= runs
+
+
+@pytest.mark.parametrize("script, expected", [
+    ("import sys; print('Error: the SSO session has expired', file=sys.stderr); sys.exit(3)",
+     "the credential_process of AWS profile job exited with 3: Error: the SSO session has expired"),
+    ("print('{\"AccessKeyId\": \"AKIA\", \"SecretAccessKey\": \"secret-looking-value\"')",
+     "the credential_process of AWS profile job did not print the JSON the AWS CLI reads"),
+    # keys that expire at once, then a failure when they are asked for again, at the read
+    ("import json, os, sys\nif os.path.exists('ran'): sys.exit('Error: the SSO session has expired')\n"
+     "open('ran', 'w').close()\nprint(json.dumps({'AccessKeyId': 'AKIA', 'SecretAccessKey': 'secret-looking-value', "
+     "'Expiration': '2000-01-01T00:00:00Z'}))",
+     "the credential_process of AWS profile job exited with 1: Error: the SSO session has expired"),
+], ids=["exits-3", "not-json", "fails-when-asked-again"])
+def test_a_credential_process_that_fails_is_one_line_naming_the_profile(script, expected, monkeypatch, tmp_path):
+    without_aws_variables(monkeypatch, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    (tmp_path / "process.py").write_text(script)
+    (tmp_path / ".aws" / "config").write_text(f"[profile job]\ncredential_process = {sys.executable} "
+                                              f"{tmp_path / 'process.py'}\n")
+    monkeypatch.setenv("AWS_PROFILE", "job")
+    with pytest.raises(RemoteDataError) as caught:
+        open_store("s3://photos/wds").read("manifest.json")
+    text = one_line(caught)
+    assert text.split(": ", 1)[1].startswith(expected) and "secret-looking-value" not in text
 
 
 def test_gcs_missing_credentials(monkeypatch):

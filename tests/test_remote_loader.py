@@ -95,6 +95,26 @@ def test_s3_batches_equal_local_disk_and_resume(converted_sets, photos_in_s3, s3
     assert_same(batches(local, epoch=1, start=2), batches(resumed, epoch=1, start=2))
 
 
+def test_s3_keys_from_a_credential_process_reach_the_fetch_process(converted_sets, photos_in_s3, moto_s3,
+                                                                   moto_reader, monkeypatch, tmp_path):
+    """A split streamed through memory from S3 with the keys of the AWS profile's
+    credential_process: the fetch process signs with them too (moto checks every request)."""
+    from conftest import checking_credentials, credential_process, without_aws_variables
+    without_aws_variables(monkeypatch, tmp_path)
+    command, ran = credential_process(tmp_path, moto_reader, 3600)
+    (tmp_path / ".aws" / "config").write_text(f"[default]\ncredential_process = {command}\nregion = us-east-1\n"
+                                              f"endpoint_url = {moto_s3.url}\n")
+    expected = batches(build_loader(spec(converted_sets["photos"]["webdataset"])))
+    with checking_credentials(moto_s3):
+        remote = build_loader(spec(photos_in_s3, cache_dir=tmp_path / "cache", cache_limit=1))
+        assert remote.stored.in_memory
+        assert_same(expected, batches(remote))
+        # the fetch process got the split's bytes itself: a request it made unsigned would be refused
+        from pipeline.block_fetcher import BYTES
+        assert int(remote.stored._shared.header[BYTES]) >= remote.stored.split_bytes // 2
+    assert len(ran.read_text().splitlines()) == 1       # the keys it gave travel with the store's options
+
+
 @pytest.mark.parametrize("cache_limit", [None, 1], ids=["disk-cache", "streamed"])
 def test_gs_batches_equal_local_disk(converted_sets, tmp_path, monkeypatch, cache_limit):
     """gs:// through the GCS client, sent to the loopback nginx by a service-account file that
