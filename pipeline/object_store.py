@@ -3,10 +3,10 @@
 
 Conventions: S3 credentials, region and endpoint come from the usual AWS_* variables
 (`AWS_ENDPOINT_URL` for S3-compatible stores) and the AWS profile, GCS from GOOGLE_* ones
-(`pipeline/store_credentials.py`); HTTPS certificates are verified. Requests are retried with backoff by obstore (5xx, connection resets, timeouts); a
-response shorter than asked for is read again once. Every failure is one `RemoteDataError` line
-(`pipeline/store_errors.py`) naming the URL through `redact` (`pipeline/store_urls.py`), so
-credentials carried in a URL are never printed.
+(`pipeline/store_credentials.py`); HTTPS certificates are verified. Requests are retried with
+backoff by obstore (5xx, connection resets, timeouts); a response shorter than asked for is read
+again once. Every failure is one `RemoteDataError` line (`pipeline/store_errors.py`) naming the
+URL through `redact` (`pipeline/store_urls.py`), so credentials carried in a URL are never printed.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class ObjectStore:
             self.options = store_options(self.url, retries, timeout_s)
             if "credential_provider" in self.options:
                 self.options["credential_provider"]()      # its failure as one line now, not at the first read
-        except RemoteDataError as error:      # the AWS profile asked for is not usable
+        except RemoteDataError as error:      # the AWS profile asked for, or its keys, not to be had
             raise RemoteDataError(f"{self.shown}: {error}") from None
         try:
             self.client = from_url(self.client_url, **self.options)

@@ -5,8 +5,8 @@ writes (`~/.aws/credentials` and `~/.aws/config`, or AWS_SHARED_CREDENTIALS_FILE
 AWS_CONFIG_FILE; the profile named by AWS_PROFILE, else `default`), as the AWS CLI and SDKs read
 them: its keys, region, endpoint and CA bundle (or AWS_CA_BUNDLE), or its `credential_process`,
 run when keys are needed. A profile that gets its credentials by assuming a role or by SSO is not
-run here: that is one line saying how to give it a `credential_process` through the AWS CLI. Web identity (AWS_WEB_IDENTITY_TOKEN_FILE, as on EKS) and a container's role
-are left to obstore.
+run here: that is one line saying how to give it a `credential_process` through the AWS CLI. Web
+identity (AWS_WEB_IDENTITY_TOKEN_FILE, as on EKS) and a container's role are left to obstore.
 
 Where nothing gives credentials (S3 or GCS), obstore asks the instance's metadata service, as on a
 cloud instance with a role. Off one, where nothing answers there, it would wait through its retries
@@ -27,7 +27,7 @@ from pathlib import Path
 from pipeline.datasets import RemoteDataError
 
 METADATA_TIMEOUT_S = 1.0       # the AWS SDKs' own wait for the instance metadata service
-PROCESS_TIMEOUT_S = 60         # for a credential_process (a login prompt would wait for ever)
+PROCESS_TIMEOUT_S = 60         # for a credential_process (one waiting on a login would wait for ever)
 PROCESS_REFRESH_MARGIN = timedelta(minutes=5)     # keys this near their expiry are asked for again
 KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 # What a profile may get its credentials by, which only the AWS CLI or an SDK runs
@@ -95,8 +95,8 @@ class CredentialProcess:
             return last
         where = f"the credential_process of AWS profile {self.profile}"
         try:
-            result = subprocess.run(shlex.split(self.command), capture_output=True, text=True,
-                                    timeout=PROCESS_TIMEOUT_S)
+            result = subprocess.run(shlex.split(self.command), stdin=subprocess.DEVNULL, capture_output=True,
+                                    text=True, timeout=PROCESS_TIMEOUT_S)
         except (OSError, ValueError, subprocess.TimeoutExpired) as error:
             raise RemoteDataError(f"{where} did not run ({getattr(error, 'strerror', None) or error})") from None
         if result.returncode != 0:
@@ -105,9 +105,11 @@ class CredentialProcess:
         try:     # its output holds the secret: never shown
             given = json.loads(result.stdout)
             expires = given.get("Expiration")
+            expires_at = datetime.fromisoformat(expires.replace("Z", "+00:00")) if expires else None
+            if expires_at is not None and expires_at.tzinfo is None:
+                expires_at = expires_at.replace(tzinfo=timezone.utc)      # the AWS CLI's times are UTC
             self.last = {"access_key_id": given["AccessKeyId"], "secret_access_key": given["SecretAccessKey"],
-                         "token": given.get("SessionToken"),
-                         "expires_at": datetime.fromisoformat(expires.replace("Z", "+00:00")) if expires else None}
+                         "token": given.get("SessionToken"), "expires_at": expires_at}
         except (ValueError, KeyError, TypeError, AttributeError):
             raise RemoteDataError(f"{where} did not print the JSON the AWS CLI reads (Version, AccessKeyId, "
                                   f"SecretAccessKey, SessionToken, Expiration)") from None
@@ -166,8 +168,10 @@ def instance_answers(scheme: str, options: dict) -> bool:
     True otherwise."""
     env = os.environ
     if scheme == "s3":
-        if (options.get("config", {}).get("aws_access_key_id") or options.get("credential_provider") or env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE")
-                or env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+        if (options.get("config", {}).get("aws_access_key_id") or options.get("credential_provider")
+                or any(env.get(name) for name in ("AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                                                  "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                                                  "AWS_CONTAINER_CREDENTIALS_FULL_URI"))
                 or env.get("AWS_SKIP_SIGNATURE", "").lower() == "true"):
             return True
         endpoint = (env.get("AWS_METADATA_ENDPOINT") or "http://169.254.169.254").rstrip("/")
