@@ -304,7 +304,7 @@ def credential_process(folder: Path, key: dict, expires_in_s: float) -> tuple[st
     file it adds a line to at each run."""
     ran = folder / "credential-process-runs"
     script = folder / "credential_process.py"
-    script.write_text(f"""import datetime, json, sys
+    script.write_text(f"""import datetime, json
 open({str(ran)!r}, "a").write("ran\\n")
 expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds={expires_in_s})
 print(json.dumps({{"Version": 1, "AccessKeyId": {key['AccessKeyId']!r}, "SecretAccessKey": {key['SecretAccessKey']!r},
