@@ -214,6 +214,8 @@ class Fetcher:
         at = slot * self.slot_bytes + start - int(self.block_start[block])
         issued = time.monotonic()
         try:
+            # get_range_async rather than get_async(options={"range": ..., "if_match": ...}) and bytes_async,
+            # which would pin the object's version: that took 22% more CPU here for 1 MiB ranges from nginx
             data = await obstore.get_range_async(self.store, self.names[self.block_shard[block]], start=start, end=end)
             if len(data) != end - start:
                 raise ValueError("short response")
