@@ -44,7 +44,7 @@ def s3_options() -> dict:
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
         settings["aws_endpoint"] = endpoint
-    named = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE")
+    named = _named_profile()
     keys_given = bool(env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE"))
     region_given = bool(env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"))
     if keys_given and region_given and endpoint and not named:
@@ -121,8 +121,7 @@ def s3_ca_bundle() -> str | None:
     the cluster with a private CA): AWS_CA_BUNDLE, else the profile's `ca_bundle`."""
     path = os.environ.get("AWS_CA_BUNDLE")
     if not path:
-        path = (_profile(os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE") or "default")[0]
-                or {}).get("ca_bundle")
+        path = (_profile(_named_profile() or "default")[0] or {}).get("ca_bundle")
     if not path:
         return None
     try:
@@ -131,6 +130,10 @@ def s3_ca_bundle() -> str | None:
         reason = error.strerror if isinstance(error, OSError) else "not a PEM file"
         raise RemoteDataError(f"{path}: the CA bundle for S3 (AWS_CA_BUNDLE or the profile's ca_bundle) cannot be "
                               f"read ({reason})") from None
+
+
+def _named_profile() -> str | None:
+    return os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE")
 
 
 def _profile(name: str) -> tuple[dict | None, list[Path]]:
