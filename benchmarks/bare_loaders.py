@@ -27,6 +27,7 @@ from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
 
 
 def ffcv_bare(config: dict):
+    import pipeline.ffcv_import  # noqa: F401 - first: FFCV without its typed-dict compile
     from ffcv.fields.basics import IntDecoder
     from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption

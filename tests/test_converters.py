@@ -109,6 +109,7 @@ def converted(bad_source, tmp_path_factory) -> dict:
 
 
 def ffcv_shapes(beton: Path) -> collections.Counter:
+    import pipeline.ffcv_import  # noqa: F401
     from ffcv.reader import Reader
     metadata = Reader(str(beton)).metadata
     return collections.Counter(zip(metadata["f1"].tolist(), metadata["f0"]["width"].tolist(),
@@ -363,6 +364,7 @@ def dali_labels(split_dir: Path, manifest: dict, split: str) -> list[int]:
 
 
 def test_sample_sets_read_back_with_ffcv_webdataset_and_dali(sample_sets, converted_sets):
+    import pipeline.ffcv_import  # noqa: F401
     from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
 

@@ -123,6 +123,7 @@ def _worker_failure_raised():
 def write_beton(args, samples: list[Sample], path: Path, desc: str) -> list[tuple[int, str]]:
     """Write samples to path with FFCV's DatasetWriter, its progress headed `desc`; the (index,
     reason) of failed samples."""
+    import pipeline.ffcv_import  # noqa: F401 - first: FFCV without its typed-dict compile
     import ffcv.writer
     from ffcv.fields import IntField, RGBImageField
     from ffcv.writer import DatasetWriter
