@@ -65,7 +65,9 @@ class Trainer:
             # cuBLAS is deterministic only with a fixed workspace, read when its handle is made; without
             # it torch's deterministic mode raises at the first matmul
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(config.deterministic)
+        if config.deterministic or torch.are_deterministic_algorithms_enabled():
+            # only where it changes something: the call imports torch._inductor, 1.9 s of each rank's start
+            torch.use_deterministic_algorithms(config.deterministic)
         torch.backends.cudnn.benchmark = not config.deterministic
         # The global batch is the run's for life: at another world size each rank takes another share
         global_batch = data_order.settle_global_batch(config, world.size, self._resume_from and self._resume_from[1])
