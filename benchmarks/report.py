@@ -22,7 +22,6 @@ train img/s at --resolution. Every file is written to a temporary name and renam
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import math
@@ -33,18 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.hardware import RESULTS, cpu_words, slug  # noqa: E402
-
-
-def load_atomic_files():
-    """pipeline/atomic_files.py, loaded by its path: `import pipeline.atomic_files` would run
-    pipeline/__init__.py, which imports torch (2-3 s) for nothing the report needs."""
-    spec = importlib.util.spec_from_file_location("atomic_files", ROOT / "pipeline" / "atomic_files.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-write_bytes_atomic = load_atomic_files().write_bytes_atomic
+from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
 
 CEILINGS = ("decode_bound", "gpu_decode_bound")   # not loaders: what decoding alone allows
 DECODE_BOUND = "decode_bound"
