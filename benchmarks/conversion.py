@@ -4,8 +4,8 @@
 
 Runs each converter as a user does (a subprocess, --force, into a temporary folder) with
 each worker count, and prints the median wall-clock images/s (start-up and imports
-included: FFCV's import alone compiles for about 5 s) and the size of each output. Appends
-one JSON line per figure to this machine's file in benchmarks/results/ (benchmarks/hardware.py).
+included) and the size of each output. Appends one JSON line per figure to this machine's
+file in benchmarks/results/ (benchmarks/hardware.py).
 Run it on a quiet machine: anything else on the cores changes the figures.
 """
 from __future__ import annotations

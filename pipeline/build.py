@@ -29,7 +29,7 @@ def build_loader(spec: LoaderSpec):
         spec = dataclasses.replace(spec, backend=choose_backend(spec)[0])
     module_name, class_name, package = _IMPLEMENTATIONS[spec.backend]
     if spec.backend != "synthetic":
-        # Before the backend's import: FFCV's alone takes 5-9 s (numba compiles at import).
+        # Before the backend's import, which takes seconds (torch with FFCV, DALI or numba).
         require_directory(spec.path, spec.backend)
     try:
         module = importlib.import_module(module_name)
