@@ -51,4 +51,3 @@ def split_samples(spec: LoaderSpec) -> int:
 def batches_per_epoch(spec: LoaderSpec) -> int:
     """The batches an epoch of `spec`'s loader gives on its rank (the same for every epoch and backend)."""
     return rank_batches(split_samples(spec), spec)
-
