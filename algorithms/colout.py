@@ -4,7 +4,7 @@ What: each sample loses its own random `p_row` of rows and `p_col` of columns (t
 counts for all, so the batch stays rectangular); the content is squeezed, not cropped.
 Two variants:
 - `mode="loader"` (default): the loader drops them right after decode and crop
-  (pipeline/colout.py), so less data goes through the rest of the pipeline and to the device;
+  (pipeline/transforms/colout.py), so less data goes through the rest of the pipeline and to the device;
 - `mode="batch"`: Composer's form, on the device after loading.
 When it helps: model-bound training, like a lower resolution but with a regularising
 effect; MosaicML's hot ResNet-50 recipe uses it. Costs: some accuracy at equal epochs.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from algorithms.base import Algorithm, Event, RunPlan
-from pipeline.colout import colout_batch
+from pipeline.transforms.colout import colout_batch
 from pipeline.spec import LoaderSpec
 
 

@@ -3,7 +3,7 @@
 What: each sample gets `depth` operations drawn from 14 (translations, shears, rotation,
 brightness, contrast, colour, sharpness, posterize, solarize, equalize, auto-contrast,
 identity), each at the strength `severity` (0..10) with a random sign. The pure function is
-`pipeline.randaugment.randaugment_image` (one PIL image); the loader applies it right after
+`pipeline.transforms.randaugment.randaugment_image` (one PIL image); the loader applies it right after
 the crop, at the training resolution, in its workers (folder, webdataset) or as DALI's own
 `rand_augment` (dali), with the same operations and magnitude ranges. FFCV cannot run it:
 asking for it there is a config error.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from algorithms.base import Algorithm, RunPlan
-from pipeline.randaugment import check_randaugment, randaugment_image  # noqa: F401  (the pure function)
+from pipeline.transforms.randaugment import check_randaugment, randaugment_image  # noqa: F401  (the pure function)
 from pipeline.spec import LoaderSpec
 
 

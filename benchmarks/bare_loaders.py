@@ -21,13 +21,13 @@ import time
 
 import numpy as np
 
-from pipeline.crops import CENTER_CROP_RATIO
+from pipeline.transforms.crops import CENTER_CROP_RATIO
 from pipeline.datasets import read_converted
 from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
 
 
 def ffcv_bare(config: dict):
-    import pipeline.ffcv_import  # noqa: F401 - first: FFCV without its typed-dict compile
+    import pipeline.formats.ffcv_import  # noqa: F401 - first: FFCV without its typed-dict compile
     from ffcv.fields.basics import IntDecoder
     from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
@@ -90,7 +90,7 @@ def _decode_all(args) -> float:
         import simplejpeg
         decode = simplejpeg.decode_jpeg
     else:
-        from pipeline import jpeg_roi
+        from pipeline.decode import jpeg_roi
 
         def decode(data):
             width, height = jpeg_roi.image_size(data)
@@ -107,7 +107,7 @@ def decode_bound(path: str, split: str, rounds: int = 3) -> dict:
     and the best of them. The forms: the JPEGs as stored, and the same coefficients rewritten
     without restart markers (convert_wds.py stores a marker after every MCU, which costs a full
     decode a few %): the bound is the fastest way to decode those pixels, whichever it is."""
-    from pipeline.jpeg_roi import JPEGError, transcode
+    from pipeline.decode.jpeg_roi import JPEGError, transcode
 
     def without_markers(data: bytes) -> bytes:
         try:

@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.hardware import append_results, cpu_words, signature  # noqa: E402
 from benchmarks.loopback_servers import Nginx  # noqa: E402
-from pipeline.object_store import open_store  # noqa: E402
-from pipeline.block_plan import BLOCK_BYTES  # noqa: E402
-from pipeline.remote_shards import FETCH_THREADS, MOST_STREAMED_REQUESTS  # noqa: E402
-from pipeline.shared_blocks import SharedBlocks, Visits  # noqa: E402
+from pipeline.storage.object_store import open_store  # noqa: E402
+from pipeline.remote.block_plan import BLOCK_BYTES  # noqa: E402
+from pipeline.remote.shards import FETCH_THREADS, MOST_STREAMED_REQUESTS  # noqa: E402
+from pipeline.remote.shared_blocks import SharedBlocks, Visits  # noqa: E402
 
 WINDOW = 256        # blocks fetched ahead of the reader at most
 

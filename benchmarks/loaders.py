@@ -187,7 +187,7 @@ def measure(config: dict) -> dict:
                "epoch_seconds": seconds[1:], "warmup_seconds": seconds[0], "cpu_util": busy / total if total else None,
                "peak_rss_mb": memory.peak_mb, "first_batch_seconds": first_batch}
     if remote:
-        from pipeline.block_plan import sample_spans
+        from pipeline.remote.block_plan import sample_spans
         starts, ends = sample_spans(loader.stored.members)
         read = int((ends - starts)[np.concatenate(loader._plan)].sum())
         figures.update(fetched_bytes_per_epoch=statistics.median(fetched[1:]),

@@ -1,5 +1,5 @@
 """Many small range reads of one object over loopback HTTP (nginx): obstore, which
-pipeline/object_store.py reads through, against fsspec's HTTP filesystem (aiohttp).
+pipeline/storage/object_store.py reads through, against fsspec's HTTP filesystem (aiohttp).
 
 Each client reads the same scattered 16 KiB ranges of a 64 MiB file, all handed over at once
 (obstore's get_ranges, fsspec's cat_ranges: both keep several requests in flight), and again
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.hardware import append_results, cpu_words, signature  # noqa: E402
 from benchmarks.loopback_servers import Nginx  # noqa: E402
-from pipeline.object_store import open_store  # noqa: E402
+from pipeline.storage.object_store import open_store  # noqa: E402
 
 FILE_SIZE = 64 << 20
 RANGE_SIZE = 16 << 10

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.hardware import RESULTS, cpu_words, slug  # noqa: E402
-from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
 
 CEILINGS = ("decode_bound", "gpu_decode_bound")   # not loaders: what decoding alone allows
 DECODE_BOUND = "decode_bound"

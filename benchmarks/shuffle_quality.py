@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.datasets import read_converted  # noqa: E402
-from pipeline.shard_index import StoredShards  # noqa: E402
+from pipeline.shards.index import StoredShards  # noqa: E402
 from pipeline.spec import LoaderSpec  # noqa: E402
 
 

@@ -8,14 +8,15 @@ Each backend lives in a module of its own and is imported only when asked for, s
 missing optional package (ffcv, nvidia-dali) only matters to the backend that needs it.
 A loader's settings are those of its spec, fixed when it is built; `batches_per_epoch(spec)`
 says how long its epochs will be before it is (every backend gives the batches
-`pipeline.sharding` says for the split's size).
+`pipeline.loader.sharding` says for the split's size).
 """
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {"BACKENDS": "pipeline.spec", "LoaderSpec": "pipeline.spec", "batches_per_epoch": "pipeline.build",
-            "build_loader": "pipeline.build", "split_samples": "pipeline.build"}
+            "build_loader": "pipeline.build", "split_samples": "pipeline.build", "DatasetError": "pipeline.errors",
+            "CorruptSample": "pipeline.errors", "RemoteDataError": "pipeline.errors"}
 __all__ = sorted(_EXPORTS)
 
 

@@ -3,40 +3,21 @@ built (`split_samples`, `batches_per_epoch`); `pipeline` exports these."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
+from pipeline.backends import open_backend
+from pipeline.backends.auto import choose_backend
 from pipeline.datasets import require_directory, split_size
-from pipeline.sharding import rank_batches
+from pipeline.loader.sharding import rank_batches
 from pipeline.spec import LoaderSpec
-
-# backend -> (module, class, the pip package it needs)
-_IMPLEMENTATIONS = {
-    "ffcv": ("pipeline.backends.ffcv", "FFCVLoader", "ffcv"),
-    # the set-up's build runs the CPU pipeline; a GPU node takes the build of its CUDA (13: -cuda130)
-    "dali": ("pipeline.backends.dali", "DALILoader", "nvidia-dali-cuda120 or nvidia-dali-cuda130"),
-    "webdataset": ("pipeline.backends.webdataset", "WebDatasetLoader", "pillow-simd"),  # reads tars itself
-    "folder": ("pipeline.backends.folder", "FolderLoader", "pillow-simd"),
-    "synthetic": ("pipeline.backends.synthetic", "SyntheticLoader", "torch"),
-}
 
 
 def build_loader(spec: LoaderSpec):
     """The loader `spec` asks for; a missing optional package is a one-line ImportError.
-    `backend="auto"` picks the fastest backend that reads spec.path here (pipeline/auto_backend.py)."""
+    `backend="auto"` picks the fastest backend that reads spec.path here (pipeline/backends/auto.py)."""
     if spec.backend == "auto":
-        from pipeline.auto_backend import choose_backend
         require_directory(spec.path, spec.backend)
         spec = dataclasses.replace(spec, backend=choose_backend(spec)[0])
-    module_name, class_name, package = _IMPLEMENTATIONS[spec.backend]
-    if spec.backend != "synthetic":
-        # Before the backend's import, which takes seconds (torch with FFCV, DALI or numba).
-        require_directory(spec.path, spec.backend)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ImportError(f"loader backend {spec.backend!r} needs the package {package!r} "
-                          f"({error}); run `make setup` or pick another backend") from None
-    return getattr(module, class_name)(spec)
+    return open_backend(spec)
 
 
 def split_samples(spec: LoaderSpec) -> int:

@@ -1,88 +1,20 @@
-"""What a loader reads: a converter's output (manifest + files) or an ImageNet-layout folder.
+"""What a loader reads, wherever it is: the façade that routes a path to the local readers
+(pipeline/formats/) and a URL to the remote ones (pipeline/remote/), and checks the path first.
 
-Each function checks what it can before any worker starts and fails with a one-line
-`DatasetError` naming the path and what to do, so a typo or a half-copied dataset never
-surfaces as a hang or a traceback from inside FFCV, DALI or a DataLoader worker. The manifest
-itself is read by pipeline/manifest.py, which checks its version.
+Each function fails with a one-line `DatasetError` naming the path (a URL with its credentials
+redacted) and what to do, before any backend's import or worker starts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
 
-import numpy as np
+from pipeline.errors import DatasetError
+from pipeline.formats.converted import (CONVERTERS, ConvertedSplit, is_converted, manifest_split,
+                                        read_local_converted, split_record)
+from pipeline.formats.imagefolder import LayoutError, Sample, find_classes, scan_split
+from pipeline.storage.urls import is_url, redact
 
-from pipeline.imagefolder import LayoutError, Sample, find_classes, scan_split
-from pipeline.manifest import MANIFEST, ManifestError, manifest_path, read_manifest
-from pipeline.store_urls import is_url, redact
-
-IMAGE_MEMBER, LABEL_MEMBER = "jpg", "lbl"     # the members of a sample the loaders read
-# The command that makes each format, for the messages that tell a user what to run
-CONVERTERS = {"ffcv": "python tools/convert_ffcv.py", "webdataset": "python tools/convert_wds.py"}
 REMOTE_BACKENDS = ("webdataset", "ffcv", "dali")      # the backends that read a dataset from a URL
-
-
-class DatasetError(ValueError):
-    """The data a loader was pointed at is missing, incomplete or of the wrong kind."""
-
-
-class CorruptSample(DatasetError):
-    """A stored sample that cannot be decoded; the message names it."""
-
-
-class RemoteDataError(DatasetError):
-    """Data in object storage or behind HTTP(S) that cannot be read; the message is one line
-    naming the URL with any credentials redacted."""
-
-
-@dataclass
-class Shard:
-    tar: Path
-    index: Path
-    count: int
-    first_sample: int          # id of its first sample in the split's stored order
-    # per sample: (image offset, image size, label offset) in the tar, from the `.idx` file
-    members: Optional[np.ndarray] = None
-    # a shard in object storage: its name in the store (`tar` is then its redacted URL, for messages)
-    object_name: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class SampleName:
-    """`TAR:KEY` of one sample of a shard, looked up in its index only when printed: only
-    error messages need it, and a million keys held as strings would cost memory."""
-    shard: Shard
-    number: int
-
-    def __str__(self) -> str:
-        line = self.shard.index.read_text().splitlines()[1 + self.number]
-        return f"{self.shard.tar}:{line.split()[3].rsplit('.', 1)[0]}"
-
-
-@dataclass
-class ConvertedSplit:
-    root: Path
-    format: str
-    split: str
-    classes: list[str]
-    count: int
-    files: list[Path]
-    shards: list[Shard] = field(default_factory=list)   # webdataset only
-    remote: Any = None        # read from a URL: its pipeline.remote_dataset.RemoteSource
-
-
-def is_converted(path: str | Path) -> bool:
-    return manifest_path(path).is_file()
-
-
-def converted_format(path: str | Path) -> Optional[str]:
-    """The format a converter wrote at `path` (its manifest's), or None where there is no manifest."""
-    try:
-        manifest = read_manifest(path)
-    except ManifestError as error:
-        raise DatasetError(str(error)) from None
-    return manifest["format"] if manifest else None
 
 
 def require_directory(path: str | Path, backend: str) -> None:
@@ -106,27 +38,12 @@ def require_directory(path: str | Path, backend: str) -> None:
 
 def read_converted(path: str | Path, split: str, expected_format: str, **remote) -> ConvertedSplit:
     """The manifest's view of one converted split, with its files checked to be whole. A URL is
-    read by pipeline/remote_dataset.py, with `remote`'s cache settings."""
+    read by pipeline/remote/dataset.py, with `remote`'s cache settings."""
     if is_url(path):
-        from pipeline.remote_dataset import read_remote_converted
+        from pipeline.remote.dataset import read_remote_converted
         return read_remote_converted(str(path), split, expected_format, **remote)
-    root = Path(path)
-    converter = CONVERTERS[expected_format]
-    require_directory(root, expected_format)
-    kind, classes, record = _manifest_split(root, split, expected_format)
-    shards, first = [], 0
-    for shard in record.get("shards", []):
-        directory = root / split
-        shards.append(Shard(directory / shard["tar"], directory / shard["index"], shard["count"], first))
-        shards[-1].members = member_table(shards[-1], _size_or_none(shards[-1].tar))
-        first += shard["count"]
-    files = [root / name for name in record["files"]]
-    for file in files:
-        if not file.is_file():
-            raise DatasetError(f"{file}: missing (listed in {manifest_path(root)}); run {converter} again")
-    if kind == "ffcv":
-        _check_size(files[0], record["bytes"], converter)
-    return ConvertedSplit(root, kind, split, classes, record["count"], files, shards)
+    require_directory(path, expected_format)
+    return read_local_converted(Path(path), split, expected_format)
 
 
 def split_size(path: str | Path, split: str, backend: str) -> int:
@@ -134,63 +51,14 @@ def split_size(path: str | Path, split: str, backend: str) -> int:
     manifest (the loader checks the files when it reads them), else a scan of the folder. A
     backend that reads only converted data (ffcv, webdataset) gets the manifest's error, not a scan."""
     if is_url(path):
-        from pipeline.remote_dataset import remote_manifest
+        from pipeline.remote.dataset import remote_manifest
         manifest, _, store = remote_manifest(str(path))
         return split_record(manifest, store.shown, split, backend if backend in CONVERTERS else None)[2]["count"]
     if backend in CONVERTERS:
-        return _manifest_split(Path(path), split, expected_format=backend)[2]["count"]
+        return manifest_split(Path(path), split, expected_format=backend)[2]["count"]
     if is_converted(path):
-        return _manifest_split(Path(path), split, expected_format=None)[2]["count"]
+        return manifest_split(Path(path), split, expected_format=None)[2]["count"]
     return len(read_folder(path, split)[1])
-
-
-def _manifest_split(root: Path, split: str, expected_format: Optional[str]) -> tuple[str, list[str], dict]:
-    """The format, classes and `split`'s record of the converter manifest in `root`, checked: it is
-    there and whole, of `expected_format` (None: of either), and holds the split."""
-    path = manifest_path(root)
-    converter = CONVERTERS[expected_format] if expected_format else " or ".join(CONVERTERS.values())
-    try:
-        manifest = read_manifest(root)
-    except ManifestError as error:
-        raise DatasetError(f"{error} ({converter})") from None
-    if manifest is None:
-        raise DatasetError(f"{path}: missing, so {root} is not a finished conversion; "
-                           f"run {converter} SRC {root}")
-    return split_record(manifest, root, split, expected_format)
-
-
-def split_record(manifest: dict, root, split: str, expected_format: Optional[str]) -> tuple[str, list[str], dict]:
-    """The format, classes and `split`'s record of a converter manifest read from `root` (a
-    folder, or a redacted URL), checked: of `expected_format` (None: of either), holding the split."""
-    path = f"{root}/{MANIFEST}"
-    converter = CONVERTERS[expected_format] if expected_format else " or ".join(CONVERTERS.values())
-    try:
-        kind, classes, splits = manifest["format"], manifest["classes"], manifest["splits"]
-        converter = CONVERTERS[expected_format or kind]
-    except (KeyError, TypeError) as error:
-        raise DatasetError(f"{path}: not a converter manifest ({error!r}); run {converter} again") from None
-    if expected_format and kind != expected_format:
-        raise DatasetError(f"{root} holds a {kind} conversion, not {expected_format}; "
-                           f"use backend {kind!r} or run {converter}")
-    if split not in splits:
-        raise DatasetError(f"{root}: split {split!r} was not converted (have: {', '.join(splits) or 'none'}); "
-                           f"run {converter} SRC {root} --splits {split}")
-    return kind, classes, splits[split]
-
-
-def _size_or_none(file: Path) -> Optional[int]:
-    """None for a missing file, which the caller reports as missing."""
-    try:
-        return file.stat().st_size
-    except FileNotFoundError:
-        return None
-
-
-def _check_size(file: Path, expected: int, converter: str) -> None:
-    size = file.stat().st_size if file.exists() else None
-    if size != expected:
-        raise DatasetError(f"{file}: {size if size is not None else 'missing'} bytes where the manifest says "
-                           f"{expected}: truncated or changed; run {converter} again")
 
 
 def read_folder(path: str | Path, split: str) -> tuple[list[str], list[Sample]]:
@@ -208,30 +76,3 @@ def read_folder(path: str | Path, split: str) -> tuple[list[str], list[Sample]]:
     if not samples:
         raise DatasetError(f"{root / split}: no image files in its class folders")
     return classes, samples
-
-
-def member_table(shard: Shard, tar_size: Optional[int] = None) -> np.ndarray:
-    """(count, 3) int64: each sample's image offset and size and label offset in the tar, from
-    the DALI-style `.idx` file; checks that the tar, of `tar_size` bytes where known, is long
-    enough for every member it lists."""
-    rows, end, line_number = [], 0, 1
-    try:
-        for line_number, line in enumerate(shard.index.read_text().splitlines()[1:], start=2):
-            fields = line.split()   # per member: extension, data offset, size, file name
-            members = {ext: (int(start), int(size)) for ext, start, size in zip(fields[0::4], fields[1::4], fields[2::4])}
-            rows.append((*members[IMAGE_MEMBER], members[LABEL_MEMBER][0]))
-            end = max(end, *(start + size for start, size in members.values()))
-    except (OSError, ValueError, KeyError) as error:
-        # A scrambled index can be one huge line, which int()'s message would quote whole:
-        # the message keeps one line and a short excerpt of the reason.
-        reason = " ".join(f"{type(error).__name__}: {error}".split())
-        reason = reason if len(reason) <= 120 else reason[:117] + "..."
-        raise DatasetError(f"{shard.index}: unreadable index (line {line_number}: {reason}); "
-                           f"run {CONVERTERS['webdataset']} again") from None
-    if len(rows) != shard.count:
-        raise DatasetError(f"{shard.index}: {len(rows)} samples where the manifest says {shard.count}; "
-                           f"run {CONVERTERS['webdataset']} again")
-    if tar_size is not None and tar_size < end:
-        raise DatasetError(f"{shard.tar}: {tar_size} bytes, its index needs {end}: truncated; "
-                           f"run {CONVERTERS['webdataset']} again")
-    return np.array(rows, dtype=np.int64).reshape(-1, 3)

@@ -1,6 +1,6 @@
 """Which machine this is: the hardware signature every benchmark figure is stored with, and the
 name of its results file (`<slug>.jsonl`) in the folder its caller keeps them in, which
-`backend: auto` reads to pick a loader (`pipeline/auto_backend.py`) and a tradeoff sweep names
+`backend: auto` reads to pick a loader (`pipeline/backends/auto.py`) and a tradeoff sweep names
 its machine by. The folder itself is the caller's: the benchmarks own where they keep theirs.
 
 The CPU's widest vector extension is part of both: 2-core VMs named just "AMD EPYC" come with

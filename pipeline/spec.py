@@ -1,21 +1,36 @@
 """LoaderSpec: everything a loader backend needs to know, validated once, in one dataclass."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
-from pipeline.block_cache import parse_size
-from pipeline.colout import kept_size
-from pipeline.crops import CENTER_CROP_RATIO
-from pipeline.randaugment import check_randaugment
+from pipeline.transforms.colout import kept_size
+from pipeline.transforms.crops import CENTER_CROP_RATIO
+from pipeline.transforms.randaugment import check_randaugment
 from pipeline.schedules import Schedule, resolution_schedule
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-BACKENDS = ("ffcv", "dali", "webdataset", "folder", "synthetic", "auto")   # auto: pipeline/auto_backend.py
+BACKENDS = ("ffcv", "dali", "webdataset", "folder", "synthetic", "auto")   # auto: pipeline/backends/auto.py
 SPLITS = ("train", "val")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.I)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(value) -> int:
+    """Bytes from an int or a size such as '20GiB', '500MB', '1.5g'."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _SIZE.match(str(value))
+    if not match or match.group(2) is not None and match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {value!r} (examples: 20GiB, 500MB, 1073741824)")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
 
 
 @dataclass

@@ -12,7 +12,7 @@ from algorithms.durations import Duration
 from algorithms.randaugment import RandAugment
 from conftest import tiny_trainer
 from pipeline import LoaderSpec, build_loader
-from pipeline.randaugment import FILL, NAMES, OPERATIONS, magnitude, randaugment_image
+from pipeline.transforms.randaugment import FILL, NAMES, OPERATIONS, magnitude, randaugment_image
 from training.config import ConfigError
 
 UNIT = dict(mean=(0.0, 0.0, 0.0), std=(1 / 255, 1 / 255, 1 / 255))   # "normalized" pixels stay in 0..255
@@ -63,7 +63,7 @@ def test_randaugment_image_is_seeded_and_applies_depth_operations(photo, monkeyp
     applied = []
     counting = {name: (*spec[:3], lambda im, m, name=name, op=spec[3]: applied.append(name) or op(im, m))
                 for name, spec in OPERATIONS.items()}
-    monkeypatch.setattr("pipeline.randaugment.OPERATIONS", counting)
+    monkeypatch.setattr("pipeline.transforms.randaugment.OPERATIONS", counting)
     seeded(3, depth=3)
     assert len(applied) == 3
 

@@ -1,4 +1,4 @@
-"""`backend: auto` (pipeline/auto_backend.py): it reads only the backends that can read the data,
+"""`backend: auto` (pipeline/backends/auto.py): it reads only the backends that can read the data,
 takes this machine's benchmark figures when it has them for every candidate, probes otherwise,
 and under torchrun every rank takes rank 0's answer. The figures' folder comes with the spec
 (`measured_results`), and the recipes name the one the benchmarks write to."""
@@ -12,9 +12,9 @@ import pytest
 from conftest import two_ranks
 from pipeline import LoaderSpec, build_loader
 from benchmarks.hardware import RESULTS
-from pipeline.auto_backend import candidates, choose_backend
+from pipeline.backends.auto import candidates, choose_backend
 from pipeline.machine import results_path, signature
-from pipeline.manifest import write_manifest
+from pipeline.formats.manifest import write_manifest
 from training.config import load_config
 
 ROOT = RESULTS.parents[1]
@@ -81,7 +81,7 @@ def test_no_reader_is_a_one_line_error(tmp_path):
 RANKS = textwrap.dedent("""
     import json, sys, torch.distributed as dist
     from pipeline import LoaderSpec
-    from pipeline.auto_backend import choose_backend
+    from pipeline.backends.auto import choose_backend
     dist.init_process_group("gloo")
     path, results, out = sys.argv[1:]
     spec = LoaderSpec("auto", path=path, split="val", val_resolution=32, batch_size=8, num_workers=1)

@@ -92,7 +92,7 @@ def test_nginx_answers_the_object_store_clients(served_files, monkeypatch, where
     """--remote s3-nginx and gs-nginx: the loaders' S3 and GCS clients, pointed at the loopback
     nginx, read the conversions as the bucket `bench`, path-style, bit for bit."""
     from benchmarks.remote_sources import RemoteSource
-    from pipeline.object_store import open_store
+    from pipeline.storage.object_store import open_store
     shard = "train/shard-000000.tar"
     local = (served_files / shard).read_bytes()
     with RemoteSource(where, served_files.parent) as source:

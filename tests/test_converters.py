@@ -1,5 +1,5 @@
 """The FFCV and WebDataset converters: bad input, atomic output, idempotence, the manifest and its
-version (pipeline/manifest.py), and reading back what they wrote with the real readers (ffcv's
+version (pipeline/formats/manifest.py), and reading back what they wrote with the real readers (ffcv's
 Reader/Loader, webdataset, DALI on CPU)."""
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from conftest import TOOLS, read_manifest, run_tool, run_tool_without
 from convert_errors import ConversionFault
 from convert_parallel import parallel_map
 from pipeline import LoaderSpec, build_loader
-from pipeline import manifest as pipeline_manifest
-from pipeline.datasets import DatasetError
-from pipeline.manifest import MANIFEST_VERSION, ManifestError
+from pipeline.formats import manifest as pipeline_manifest
+from pipeline.errors import DatasetError
+from pipeline.formats.manifest import MANIFEST_VERSION, ManifestError
 
 CONVERTERS = ["convert_ffcv.py", "convert_wds.py"]
 CLASSES = ["apple", "crème_brûlée", "empty"]  # sorted; 'empty' has no train images
@@ -109,7 +109,7 @@ def converted(bad_source, tmp_path_factory) -> dict:
 
 
 def ffcv_shapes(beton: Path) -> collections.Counter:
-    import pipeline.ffcv_import  # noqa: F401
+    import pipeline.formats.ffcv_import  # noqa: F401
     from ffcv.reader import Reader
     metadata = Reader(str(beton)).metadata
     return collections.Counter(zip(metadata["f1"].tolist(), metadata["f0"]["width"].tolist(),
@@ -304,7 +304,7 @@ BROKEN_MANIFESTS = {
 
 @pytest.mark.parametrize("kind", BROKEN_MANIFESTS)
 def test_a_newer_or_broken_manifest_is_a_one_line_error_naming_it(kind, tmp_path):
-    """The reader (pipeline/manifest.py), a loader and the converter each meet the same manifest:
+    """The reader (pipeline/formats/manifest.py), a loader and the converter each meet the same manifest:
     the first two refuse it in one short line naming the file, the converter converts anew."""
     (tmp_path / "manifest.json").write_text(BROKEN_MANIFESTS[kind])
     with pytest.raises(ManifestError) as caught:
@@ -372,7 +372,7 @@ def dali_labels(split_dir: Path, manifest: dict, split: str) -> list[int]:
 
 
 def test_sample_sets_read_back_with_ffcv_webdataset_and_dali(sample_sets, converted_sets):
-    import pipeline.ffcv_import  # noqa: F401
+    import pipeline.formats.ffcv_import  # noqa: F401
     from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
 

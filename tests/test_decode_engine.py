@@ -1,5 +1,5 @@
-"""pipeline/decode_engine.py, the webdataset backend's native batch decoder: it crops as
-pipeline/crops.py does, gives Pillow's pixels, does not depend on its thread count (and has no
+"""pipeline/decode/engine.py, the webdataset backend's native batch decoder: it crops as
+pipeline/transforms/crops.py does, gives Pillow's pixels, does not depend on its thread count (and has no
 data race), its SIMD and plain C paths agree, ColOut and flip land where the Python forms put
 them, damaged samples are reported, and a loader's memory stays flat over many epochs."""
 from __future__ import annotations
@@ -12,12 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline import LoaderSpec, build_loader, decode_engine, jpeg_roi
-from pipeline.shard_index import StoredShards
-from pipeline.colout import kept_indices, sample_generator
-from pipeline.crops import UNIFORMS_PER_SAMPLE, center_crop, compiled_sample_uniforms, sample_uniforms, train_crop
+from pipeline import LoaderSpec, build_loader
+from pipeline.decode import engine as decode_engine, jpeg_roi
+from pipeline.shards.index import StoredShards
+from pipeline.transforms.colout import kept_indices, sample_generator
+from pipeline.transforms.crops import UNIFORMS_PER_SAMPLE, center_crop, compiled_sample_uniforms, sample_uniforms, train_crop
 from pipeline.datasets import read_converted
-from pipeline.sample_decode import _pil_crop
+from pipeline.decode.pillow_sample import _pil_crop
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def test_crops_are_those_of_pipeline_crops():
 
 
 def test_the_engine_and_ffcvs_decoder_draw_numpys_uniforms():
-    """The engine and FFCV's decoder (pipeline/sample_uniforms.c) draw each sample's uniforms in
+    """The engine and FFCV's decoder (pipeline/native/sample_uniforms.c) draw each sample's uniforms in
     C (numpy_random.h): numpy's default_rng stream, bit for bit, for any seed, epoch and sample id."""
     rng = np.random.default_rng(1)
     triples = [(0, 0, 0), (2**31, 10**6, 2**40), *rng.integers(0, 10**7, (500, 3)).tolist()]

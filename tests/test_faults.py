@@ -271,7 +271,7 @@ def test_every_way_torch_reports_a_dead_worker_is_taken_for_one_and_a_workers_ow
     handler (a RuntimeError), or, in the middle of fetching a batch's shared tensor from the dead
     worker, a broken connection or an EOFError (seen once in the test above, a 1-in-400 race).
     An error raised inside a live worker is re-raised with its own type, and is not a death."""
-    from pipeline.base import LoaderWorkerDied
+    from pipeline.loader.base import LoaderWorkerDied
     deaths = [RuntimeError("DataLoader worker (pid 123) is killed by signal: Killed. "), EOFError(),
               ConnectionResetError(104, "Connection reset by peer"), ConnectionRefusedError(111, "refused")]
     assert all(LoaderWorkerDied.says_so(error) for error in deaths)

@@ -1,4 +1,4 @@
-"""pipeline/ffcv_import.py: FFCV imported through it compiles none of numba's typed-dict code,
+"""pipeline/formats/ffcv_import.py: FFCV imported through it compiles none of numba's typed-dict code,
 its IMAGE_MODES holds FFCV's values, and numba's own Dict is given back afterwards."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from conftest import ROOT
 
 PROBE = """
 import json
-import pipeline.ffcv_import
+import pipeline.formats.ffcv_import
 import numba.typed
 import ffcv.fields.rgb_image as rgb_image
 from numba.typed import typeddict

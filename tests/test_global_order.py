@@ -54,7 +54,7 @@ def test_each_global_step_holds_the_same_samples_at_every_world_size(backend, ow
     assert len(steps) == 120 // GLOBAL_BATCH
     seen = sum(steps, [])
     assert len(set(seen)) == len(seen) == 120                  # each sample once in the epoch
-    # ffcv deals the permutation folder does (pipeline/sharding.py), and each of its loaders takes a second to build
+    # ffcv deals the permutation folder does (pipeline/loader/sharding.py), and each of its loaders takes a second to build
     for world_size in (3,) if backend == "ffcv" else (2, 3, 4):
         assert global_steps(backend, path, world_size) == steps, f"world size {world_size}"
     assert global_steps(backend, path, 1, epoch=2) != steps      # and another order the next epoch
@@ -107,7 +107,7 @@ def test_a_rank_reads_one_contiguous_part_of_the_stream(own_class_sets):
     stream: one contiguous part of it, so reading stays sequential (and, from a URL, a rank fetches
     no other rank's blocks but at its part's two ends)."""
     from pipeline.datasets import read_converted
-    from pipeline.shard_index import StoredShards
+    from pipeline.shards.index import StoredShards
     stored = StoredShards(read_converted(own_class_sets["webdataset"], "train", "webdataset").shards)
     spec = LoaderSpec(backend="webdataset", path=str(own_class_sets["webdataset"]), batch_size=3, rank=1, world_size=4,
                       resolution=16, seed=5)

@@ -1,4 +1,4 @@
-"""pipeline/jpeg_roi.py, the webdataset backend's decoder: a region decoded alone equals the
+"""pipeline/decode/jpeg_roi.py, the webdataset backend's decoder: a region decoded alone equals the
 same region of a full decode, the loader's ROI path gives Pillow's pixels, and bad data fails."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline import jpeg_roi
-from pipeline.crops import sample_uniforms
+from pipeline.decode import jpeg_roi
+from pipeline.transforms.crops import sample_uniforms
 from pipeline.spec import LoaderSpec
-from pipeline.sample_decode import _pil_crop, load_sample
+from pipeline.decode.pillow_sample import _pil_crop, load_sample
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """The folder layout is the architecture, and dependencies point one way: tools and benchmarks
--> training -> algorithms -> pipeline. Two checks per layer, on every module of it:
+-> training -> algorithms -> pipeline, and inside pipeline/ from its top (the loader factory, the
+backends) down to its bottom (the errors, the spec's parts). Two checks per layer, on every module of it:
 
 1. imports: a module that imports a layer above its own fails, lazy imports inside functions
    included;
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,14 @@ LAYERS = ["pipeline", "algorithms", "training"]            # lowest first
 ABOVE_ALL = ["tools", "benchmarks"]
 # What may come right before a higher layer's script in a message: the program a user runs it with
 COMMAND = re.compile(r"(?:\b(?:python3?|bash|sh)|\btorchrun(?: -\S+)*) $")
+
+
+# pipeline/'s sub-packages and root modules, lowest first: each imports only those before it (and
+# itself). The loader contract's parts sit at the bottom, the façade and the factory near the top.
+PIPELINE_ORDER = ["errors", "progress", "machine", "schedules", "native", "storage", "transforms", "spec",
+                  "formats", "decode", "loader", "shards", "remote", "datasets", "backends", "build", "convert",
+                  "__init__"]
+MODULE_NAME = re.compile(r"^pipeline(\.\w+)+$")
 
 
 def layers_above(layer: str) -> list[str]:
@@ -117,3 +127,97 @@ def check(path):
     fixed = "\n".join(line for line in fixed.splitlines() if not line.startswith(("FIGURES", "ENTRY", "RECIPE")))
     assert higher_names(fixed, layers_above("pipeline")) == []
     assert higher_names('COMMAND = "torchrun --nproc_per_node=2 training/main.py --config R.yaml"', ["training"]) == []
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def pipeline_imports(path: Path, modules: set[str]) -> set[str]:
+    """The pipeline modules `path` imports, at its top or inside a function (a lazy import is an
+    import all the same), and those its code names as a string, as `importlib.import_module` takes
+    them. `from pipeline import NAME` of an export (not a module) is an import of pipeline/__init__."""
+    found = set()
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "pipeline"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.split(".")[0] == "pipeline":
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in modules}
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            found.add("relative import")                       # the package uses absolute imports only
+    found |= {text for text in code_strings(path.read_text(), str(path)) if MODULE_NAME.match(text)}
+    return found
+
+
+def pipeline_graph() -> dict[str, set[str]]:
+    """pipeline module -> the pipeline modules it imports (a package stands for its __init__)."""
+    paths = {module_name(path): path for path in (ROOT / "pipeline").rglob("*.py")}
+    return {name: pipeline_imports(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def unit(module: str) -> str:
+    """The sub-package or root module of pipeline/ that `module` belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node):
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_pipeline_modules_import_no_cycle_lazy_imports_included():
+    graph = pipeline_graph()
+    unknown = {module: sorted(targets - set(graph)) for module, targets in graph.items() if targets - set(graph)}
+    assert not unknown, f"imports of modules that do not exist (or relative imports): {unknown}"
+    assert cycles(graph) == []
+
+
+def test_pipeline_sub_packages_import_only_those_below_them():
+    graph = pipeline_graph()
+    assert {unit(module) for module in graph} == set(PIPELINE_ORDER)
+    rank = {name: position for position, name in enumerate(PIPELINE_ORDER)}
+    upward = defaultdict(list)
+    for module, targets in graph.items():
+        for target in targets & set(graph):
+            if rank[unit(target)] > rank[unit(module)]:
+                upward[module].append(target)
+    assert not upward, f"imports of a higher part of pipeline/ ({' < '.join(PIPELINE_ORDER)}): {dict(upward)}"
+
+
+def test_the_cycle_and_order_checks_fail_on_a_cycle_and_an_upward_import():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    assert unit("pipeline.remote.shards") == "remote" and unit("pipeline.spec") == "spec" and unit("pipeline") == "__init__"
+    assert PIPELINE_ORDER.index("storage") < PIPELINE_ORDER.index("formats") < PIPELINE_ORDER.index("remote")

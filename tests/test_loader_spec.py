@@ -67,7 +67,8 @@ def test_the_epoch_length_of_a_converted_format_on_an_unconverted_folder_names_t
     """An epoch's length is read before any loader is built; for ffcv and webdataset it comes from
     the converter's manifest, so a plain image folder gets the converter's command, not a scan."""
     from pipeline import batches_per_epoch
-    from pipeline.datasets import CONVERTERS, DatasetError
+    from pipeline.errors import DatasetError
+    from pipeline.formats.converted import CONVERTERS
     (tmp_path / "train" / "apple").mkdir(parents=True)
     for backend, converter in CONVERTERS.items():
         with pytest.raises(DatasetError, match=r"manifest\.json: missing") as caught:

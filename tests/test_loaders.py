@@ -92,7 +92,7 @@ def test_backends_give_the_same_pixels_without_augmentation(converted_sets):
 
 def test_ffcv_draws_the_train_crops_and_flips_the_folder_backend_draws(converted_sets):
     """One semantics with augmentation on: FFCV's compiled decoder takes each sample's crop and
-    flip from the numbers pipeline.crops draws for every backend, so its train batches differ
+    flip from the numbers pipeline.transforms.crops draws for every backend, so its train batches differ
     from folder's only as its val crops do (re-encoded JPEGs, another resize): mean |difference|
     1.3 at 64 px, worst image 3.5; numba's own np.random gave other crops (mean 28.5, worst 80)."""
     batches = {}
@@ -191,7 +191,7 @@ def test_an_uncaught_exception_mid_epoch_ends_the_process_at_once(converted_sets
     code = textwrap.dedent(f"""
         import signal
         from pipeline import LoaderSpec, build_loader
-        from pipeline.loader_workers import leave_to_main_process
+        from pipeline.loader.workers import leave_to_main_process
         leave_to_main_process((signal.SIGTERM, signal.SIGUSR1))       # as a trainer's stop requests do
         loader = build_loader(LoaderSpec({backend!r}, path={str(path)!r}, batch_size=8, num_workers=2, **{spec!r}))
         batches = iter(loader)
@@ -208,7 +208,7 @@ import hashlib, os, sys, time
 from pathlib import Path
 import torch
 from pipeline import LoaderSpec, build_loader
-from pipeline import loader_workers
+from pipeline.loader import workers as loader_workers
 loader_workers.START_PATIENCE_S = 3
 marker = Path(sys.argv[2])
 if sys.argv[3] == "stuck":
@@ -249,7 +249,7 @@ def test_a_worker_that_never_starts_is_started_again_and_the_run_is_unchanged(co
 
 
 def test_shard_stream_pieces_cover_every_sample_once_per_epoch():
-    from pipeline.shard_index import stream_pieces
+    from pipeline.shards.index import stream_pieces
     counts = [5, 3, 7]
     for epoch in range(4):
         for shuffle in (True, False):
@@ -263,10 +263,10 @@ def test_shard_stream_pieces_cover_every_sample_once_per_epoch():
 
 
 def test_the_train_shuffle_keeps_the_order_webdataset_gave():
-    """The shard stream's window shuffle is ours (pipeline/buffer_shuffle.py); it gives the order the
+    """The shard stream's window shuffle is ours (pipeline/shards/buffer_shuffle.py); it gives the order the
     webdataset package's `shuffle` stage gave with a full initial buffer, so every epoch's batches
     are the ones runs saw before: against a recorded order, and against the package's function."""
-    from pipeline.buffer_shuffle import buffer_shuffle
+    from pipeline.shards.buffer_shuffle import buffer_shuffle
     assert list(buffer_shuffle(range(12), 4, seed=7)) == [2, 1, 5, 0, 6, 7, 3, 8, 4, 10, 9, 11]
     assert list(buffer_shuffle(range(12), 1000, seed=7)) == [5, 2, 6, 0, 1, 9, 4, 8, 10, 3, 11, 7]
     filters = pytest.importorskip("webdataset.filters")
@@ -354,7 +354,7 @@ def one_line_error(kind, message, call):
 
 
 def test_bad_paths_and_damaged_files_are_one_line_errors(converted_sets, tmp_path):
-    from pipeline.datasets import DatasetError
+    from pipeline.errors import DatasetError
     photos = converted_sets["photos"]
 
     def build(backend, path, split="val"):
@@ -382,7 +382,7 @@ def test_bad_paths_and_damaged_files_are_one_line_errors(converted_sets, tmp_pat
 
 
 def test_folder_takes_local_paths_only_and_a_scrambled_index_is_one_short_line(converted_sets, tmp_path):
-    from pipeline.datasets import DatasetError
+    from pipeline.errors import DatasetError
     text = one_line_error(DatasetError, "the folder backend reads local paths only", lambda: build_loader(
         LoaderSpec("folder", path="s3://bucket/photos?X-Amz-Signature=abc123", split="val", num_workers=0)))
     assert "convert_wds.py" in text and "webdataset" in text and "abc123" not in text
@@ -438,11 +438,11 @@ def test_corrupt_samples_are_skipped_and_counted_or_raised(converted_sets, tmp_p
             assert (seen, loader.corrupt_in_epoch) == (91, 1), path
             assert "skipped 1 undecodable samples" in caplog.text
             strict = build_loader(LoaderSpec(backend, path=str(path), on_corrupt="raise", **options))
-            from pipeline.datasets import CorruptSample
+            from pipeline.errors import CorruptSample
             one_line_error(CorruptSample, name, lambda: [None for _ in strict])
     finally:
         server.stop()
     dali = build_loader(LoaderSpec("dali", path=str(folder), split="val", batch_size=16, num_workers=1))
-    from pipeline.datasets import DatasetError
+    from pipeline.errors import DatasetError
     text = one_line_error(DatasetError, "DALI failed while reading the val split", lambda: [None for _ in dali])
     assert str(victim) in text

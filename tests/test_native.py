@@ -1,4 +1,4 @@
-"""pipeline/native.py, which compiles our C files against libjpeg: a libjpeg kit named by
+"""pipeline/native/library.py, which compiles our C files against libjpeg: a libjpeg kit named by
 LIBRARY_PATH (the GPU bundle's) is the one linked and loaded even where the system has its own,
 and a library whose libjpeg is not the version its headers describe is refused in one line at
 load, not left to crash at its first call (what an H200 node did, 2026-11-26)."""
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import jpeg_roi
-from pipeline.native import load_library, loaded_files
+from pipeline.decode import jpeg_roi
+from pipeline.native.library import load_library, loaded_files
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTIARCH = "usr/lib/x86_64-linux-gnu"     # Debian's layout, which GCC's own LIBRARY_PATH search misses
 
 
 def system_libjpeg() -> Path:
-    """The libjpeg this process loaded for pipeline/_jpeg_roi.so (imported above). By its file
+    """The libjpeg this process loaded for the jpeg_roi library (imported above). By its file
     name: a stock Pillow wheel brings its own copy too (libjpeg-<hash>.so.62...), whose SONAME no
     library linked against it could find."""
     found = [Path(path) for path in loaded_files("libjpeg") if Path(path).name.startswith("libjpeg.so.62")]
@@ -59,9 +59,9 @@ def test_the_kits_libjpeg_is_the_one_loaded_without_ld_library_path(tmp_path):
     # native.py alone: `import pipeline` loads Pillow, whose libjpeg.so.62 (here the system's)
     # would then serve our library too, whatever its run path says.
     code = ("import importlib.util, json, pathlib; "
-            "spec = importlib.util.spec_from_file_location('native', 'pipeline/native.py'); "
+            "spec = importlib.util.spec_from_file_location('native', 'pipeline/native/library.py'); "
             "native = importlib.util.module_from_spec(spec); spec.loader.exec_module(native); "
-            f"native.load_library(pathlib.Path('pipeline/jpeg_roi.c'), library=pathlib.Path({str(library)!r}), "
+            f"native.load_library(pathlib.Path('pipeline/native/jpeg_roi.c'), library=pathlib.Path({str(library)!r}), "
             "check='jpeg_roi_check'); print(json.dumps(native.loaded_files('libjpeg')))")
     env = {key: value for key, value in os.environ.items() if key != "LD_LIBRARY_PATH"} | {"LIBRARY_PATH": str(folder)}
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -1,9 +1,9 @@
-"""pipeline/normalize.py: the normalized batch is torch's formula, and a reused batch buffer
+"""pipeline/transforms/normalize.py: the normalized batch is torch's formula, and a reused batch buffer
 is never one that a caller still holds, whole or through a view."""
 import numpy as np
 import torch
 
-from pipeline.normalize import BatchBuffers, normalized_batch
+from pipeline.transforms.normalize import BatchBuffers, normalized_batch
 from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
 
 

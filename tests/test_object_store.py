@@ -1,4 +1,4 @@
-"""The object-storage client layer (pipeline/object_store.py) against real servers: nginx over
+"""The object-storage client layer (pipeline/storage/object_store.py) against real servers: nginx over
 HTTP, moto's S3 server, and a stdlib server that fails its first requests."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from pipeline.datasets import RemoteDataError
-from pipeline.object_store import merge_ranges, open_store
-from pipeline.store_urls import is_url, redact
+from pipeline.errors import RemoteDataError
+from pipeline.storage.object_store import merge_ranges, open_store
+from pipeline.storage.urls import is_url, redact
 from benchmarks.loopback_servers import free_port
 from conftest import checking_credentials, credential_process, without_aws_variables
 
@@ -363,7 +363,7 @@ class StallFirst(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_stalled_request_times_out_and_is_retried():
-    from pipeline.object_store import ObjectStore
+    from pipeline.storage.object_store import ObjectStore
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StallFirst)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

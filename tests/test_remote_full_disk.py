@@ -10,8 +10,8 @@ import os
 import pytest
 
 from pipeline import build_loader
-from pipeline.block_cache import BLOCK_SUFFIX, BlockCache
-from pipeline.datasets import DatasetError
+from pipeline.remote.block_cache import BLOCK_SUFFIX, BlockCache
+from pipeline.errors import DatasetError
 from conftest import fill
 from test_remote_loader import assert_same, batches, photos_server, spec  # noqa: F401 (a fixture)
 

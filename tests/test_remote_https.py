@@ -11,7 +11,8 @@ import pytest
 
 from benchmarks.loopback_servers import Nginx
 from pipeline import LoaderSpec, build_loader
-from pipeline.datasets import RemoteDataError, read_converted
+from pipeline.datasets import read_converted
+from pipeline.errors import RemoteDataError
 
 
 SETTINGS = dict(backend="webdataset", split="val", batch_size=16, val_resolution=64, num_workers=2)

@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from pipeline import LoaderSpec, build_loader
-from pipeline.block_cache import BLOCK_SUFFIX
-from pipeline.datasets import DatasetError, RemoteDataError, read_converted
-from pipeline.block_plan import block_visits, cut_blocks, sample_spans
+from pipeline.remote.block_cache import BLOCK_SUFFIX
+from pipeline.datasets import read_converted
+from pipeline.errors import DatasetError, RemoteDataError
+from pipeline.remote.block_plan import block_visits, cut_blocks, sample_spans
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,7 @@ def test_s3_keys_from_a_credential_process_reach_the_fetch_process(converted_set
         assert remote.stored.in_memory
         assert_same(expected, batches(remote))
         # the fetch process got the split's bytes itself: a request it made unsigned would be refused
-        from pipeline.block_fetcher import BYTES
+        from pipeline.remote.block_fetcher import BYTES
         assert int(remote.stored._shared.header[BYTES]) >= remote.stored.split_bytes // 2
     assert len(ran.read_text().splitlines()) == 1       # the keys it gave travel with the store's options
 
@@ -307,9 +308,9 @@ def test_the_fetch_process_raises_its_requests_to_cover_the_round_trip(tmp_path)
     """Blocks read as fast as they come from a server 50 ms away: 16 requests at once hold the
     reader back, so the fetch process allows more (up to the most given), and the bytes are right."""
     from benchmarks.loopback_servers import ECHO_MODULE, Nginx
-    from pipeline.object_store import open_store
-    from pipeline.block_plan import Visits
-    from pipeline.shared_blocks import SharedBlocks
+    from pipeline.storage.object_store import open_store
+    from pipeline.remote.block_plan import Visits
+    from pipeline.remote.shared_blocks import SharedBlocks
     if not ECHO_MODULE.exists():
         pytest.skip("nginx's echo module is not installed (libnginx-mod-http-echo)")
     block, blocks = 64 << 10, 640
@@ -407,9 +408,9 @@ def test_the_fetch_process_fetches_each_visit_and_lets_the_block_go_between(tmp_
     window while the one before is still read waits for it to end. A batch of the later visit
     waits while the block still holds the earlier one's bytes."""
     from benchmarks.loopback_servers import Nginx
-    from pipeline.object_store import open_store
-    from pipeline.block_plan import Visits
-    from pipeline.shared_blocks import SharedBlocks
+    from pipeline.storage.object_store import open_store
+    from pipeline.remote.block_plan import Visits
+    from pipeline.remote.shared_blocks import SharedBlocks
     block, blocks = 64 << 10, 40
     data = np.random.default_rng(1).integers(0, 256, block * blocks, dtype=np.uint8).tobytes()
     (tmp_path / "served").mkdir()

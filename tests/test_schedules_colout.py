@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.colout import colout_batch, colout_sample, kept_size
+from pipeline.transforms.colout import colout_batch, colout_sample, kept_size
 from pipeline.schedules import ComposerRamp, ConstantResolution, FFCVRamp, resolution_schedule
 
 

@@ -1,4 +1,4 @@
-"""Staging a file from object storage into a local folder (pipeline/staged_file.py) against a real
+"""Staging a file from object storage into a local folder (pipeline/storage/staged_file.py) against a real
 nginx: one fetch, then none; checked against the manifest's sha256; resumed from a `.part`; one
 copy for several processes; one-line errors naming the URL."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import fill
-from pipeline.datasets import RemoteDataError
-from pipeline.object_store import open_store
-from pipeline.staged_file import stage_file
+from pipeline.errors import RemoteDataError
+from pipeline.storage.object_store import open_store
+from pipeline.storage.staged_file import stage_file
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -226,8 +226,8 @@ def wait_until(condition, limit_s: float = 30.0) -> None:
 STAGER = """
 import sys
 from pathlib import Path
-from pipeline.object_store import open_store
-from pipeline.staged_file import stage_file
+from pipeline.storage.object_store import open_store
+from pipeline.storage.staged_file import stage_file
 url, name, dest, size, sha = sys.argv[1:]
 stage_file(open_store(url), name, Path(dest), int(size), sha, chunk_bytes=256 << 10)
 print("staged", flush=True)

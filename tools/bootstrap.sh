@@ -121,7 +121,7 @@ fi
 check_pillow_simd
 stamp_value >"$STAMP"
 "$PY" -c 'import torch, ffcv, nvidia.dali, webdataset, PIL, matplotlib, tensorboard' || die "the environment does not import; rm -rf .venv and re-run"
-# Compiles the backends' C (pipeline/decode_engine.c, jpeg_roi.c, sample_uniforms.c) now rather than in the first loader.
-(cd "$ROOT" && "$PY" -c 'import pipeline.jpeg_roi, pipeline.decode_engine, pipeline.crops as c; c.compiled_sample_uniforms()') ||
-    die "cannot build pipeline/decode_engine.c, jpeg_roi.c or sample_uniforms.c (needs cc and libjpeg-dev)"
+# Compiles the backends' C (pipeline/native/decode_engine.c, jpeg_roi.c, sample_uniforms.c) now rather than in the first loader.
+(cd "$ROOT" && "$PY" -c 'import pipeline.decode.jpeg_roi, pipeline.decode.engine, pipeline.transforms.crops as c; c.compiled_sample_uniforms()') ||
+    die "cannot build pipeline/native/decode_engine.c, jpeg_roi.c or sample_uniforms.c (needs cc and libjpeg-dev)"
 say "ready: $("$PY" -c 'import sys; from importlib.metadata import version as v; print(", ".join(f"{n} {v(n)}" for n in ("torch", "ffcv", sys.argv[1], "webdataset", "matplotlib", "tensorboard", "pillow-simd")))' "${DALI_SPEC%%[<>=]*}")"

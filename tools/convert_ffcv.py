@@ -32,8 +32,8 @@ from convert_images import describe_failure, load_rgb, probe  # noqa: E402
 from convert_parallel import parallel_map  # noqa: E402
 from convert_splits import SplitResult, run_conversion  # noqa: E402
 from convert_upload import sha256_file  # noqa: E402
-from pipeline.atomic_files import replace_atomically  # noqa: E402
-from pipeline.imagefolder import Sample, Skipped  # noqa: E402
+from pipeline.storage.atomic_files import replace_atomically  # noqa: E402
+from pipeline.formats.imagefolder import Sample, Skipped  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 
 WRITE_MODES = ("raw", "jpg", "smart", "proportion")
@@ -123,7 +123,7 @@ def _worker_failure_raised():
 def write_beton(args, samples: list[Sample], path: Path, desc: str) -> list[tuple[int, str]]:
     """Write samples to path with FFCV's DatasetWriter, its progress headed `desc`; the (index,
     reason) of failed samples."""
-    import pipeline.ffcv_import  # noqa: F401 - first: FFCV without its typed-dict compile
+    import pipeline.formats.ffcv_import  # noqa: F401 - first: FFCV without its typed-dict compile
     import ffcv.writer
     from ffcv.fields import IntField, RGBImageField
     from ffcv.writer import DatasetWriter

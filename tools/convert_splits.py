@@ -1,6 +1,6 @@
 """The conversion of an ImageNet-layout folder, split by split, that both converters run
 (`run_conversion`): scan SRC, convert each split that is not up to date with the converter's
-own `convert_split`, and write the manifest (pipeline/manifest.py) last. With an s3:// or gs://
+own `convert_split`, and write the manifest (pipeline/formats/manifest.py) last. With an s3:// or gs://
 OUT, all of that happens in a local staging folder, which is then uploaded (tools/convert_upload.py).
 
 Outputs are written under temporary names and renamed into place by `convert_split`, and the
@@ -29,9 +29,9 @@ from typing import Callable, Iterable
 from convert_cli import check_common_args
 from convert_errors import ConversionError, ConversionFault
 from convert_upload import add_checksums, open_destination
-from pipeline.atomic_files import check_writable
-from pipeline.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split
-from pipeline.manifest import MANIFEST, MANIFEST_VERSION, ManifestError, read_manifest, write_manifest
+from pipeline.storage.atomic_files import check_writable
+from pipeline.formats.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split
+from pipeline.formats.manifest import MANIFEST, MANIFEST_VERSION, ManifestError, read_manifest, write_manifest
 
 
 def library_versions(*names: str) -> dict[str, str]:

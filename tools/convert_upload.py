@@ -20,11 +20,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from convert_errors import ConversionError, ConversionFault
-from pipeline.datasets import RemoteDataError
-from pipeline.manifest import MANIFEST, ManifestError, read_manifest
-from pipeline.object_store import open_store
-from pipeline.store_errors import describe_error
-from pipeline.store_urls import redact
+from pipeline.errors import RemoteDataError
+from pipeline.formats.manifest import MANIFEST, ManifestError, read_manifest
+from pipeline.storage.object_store import open_store
+from pipeline.storage.errors import describe_error
+from pipeline.storage.urls import redact
 from pipeline.progress import Progress
 
 UPLOAD_SCHEMES = ("s3", "gs")

@@ -13,7 +13,7 @@ INTER_AREA, FFCV's size rounding). An RGB JPEG that needs no resize and no EXIF 
 is stored as it is, without a lossy re-encode; anything else is re-encoded at
 --jpeg-quality. Either way it is then rewritten losslessly with a restart marker after every
 MCU (the same pixels, a few % more bytes; --no-restart-markers stores it without): the
-decode engine then decodes only the MCUs under a crop (pipeline/jpeg_restarts.h). Train
+decode engine then decodes only the MCUs under a crop (pipeline/native/jpeg_restarts.h). Train
 samples are written in a seeded random order, because WebDataset readers only shuffle shards
 and a buffer; val stays in folder order. Index files in DALI's `wds2idx` format (v1.2: per
 sample, each member's extension, data offset, size and name) are written beside the shards,
@@ -43,9 +43,9 @@ from convert_errors import ConversionError  # noqa: E402
 from convert_images import describe_failure, encode_jpeg, load_rgb, open_image, probe, usable_as_is  # noqa: E402
 from convert_parallel import parallel_map  # noqa: E402
 from convert_splits import SplitResult, run_conversion  # noqa: E402
-from pipeline.atomic_files import fsync_path, replace_atomically  # noqa: E402
-from pipeline.imagefolder import Sample, Skipped  # noqa: E402
-from pipeline.jpeg_roi import JPEGError, transcode  # noqa: E402
+from pipeline.storage.atomic_files import fsync_path, replace_atomically  # noqa: E402
+from pipeline.formats.imagefolder import Sample, Skipped  # noqa: E402
+from pipeline.decode.jpeg_roi import JPEGError, transcode  # noqa: E402
 
 MEMBERS = {"image": "jpg", "label": "cls", "label_int32": "lbl"}
 SHARD_PATTERN = "shard-{:06d}"

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 
-from pipeline.atomic_files import write_bytes_atomic
+from pipeline.storage.atomic_files import write_bytes_atomic
 from pipeline.progress import Progress
 from worker_pool import WorkerDied, forked_map
 

@@ -49,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
 from gpu_bundle_install import (FORMAT, MANIFEST, BundleError, distribution, install,  # noqa: E402
                                 normalized, say, sha256)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pipeline.atomic_files import replace_atomically, write_bytes_atomic  # noqa: E402
+from pipeline.storage.atomic_files import replace_atomically, write_bytes_atomic  # noqa: E402
 
 MANIFEST = "MANIFEST.json"
 KITS = ("jpeg-kit", "nginx-kit")     # unpacked Debian packages a group carries beside its wheels

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 import torch  # noqa: E402
 
 from pipeline import build_loader  # noqa: E402
-from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
-from pipeline.datasets import DatasetError  # noqa: E402
+from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
+from pipeline.errors import DatasetError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 from training.distributed import World  # noqa: E402
 from training.run import USAGE_ERROR, build_run  # noqa: E402

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from benchmarks.report import MATPLOTLIB_MISSING  # noqa: E402
-from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
 from training.run_log import cannot_write  # noqa: E402
 
 # (key in metrics.jsonl, panel title); resolution is logged as [height, width]: its height is drawn

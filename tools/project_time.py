@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 from training.run import USAGE_ERROR, build_run  # noqa: E402
 

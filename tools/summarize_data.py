@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from pipeline.manifest import MANIFEST, ManifestError, read_manifest  # noqa: E402
+from pipeline.formats.manifest import MANIFEST, ManifestError, read_manifest  # noqa: E402
 
 
 def folder_bytes(folder: Path) -> int:

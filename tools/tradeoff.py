@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from benchmarks.hardware import git_commit, signature, slug  # noqa: E402
-from pipeline.atomic_files import write_bytes_atomic  # noqa: E402
+from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
 import tradeoff_curves  # noqa: E402  (this folder is on sys.path: run as a script)
 from algorithms.durations import Duration  # noqa: E402
 from training.typed_config import load_recipe  # noqa: E402

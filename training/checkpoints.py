@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from pipeline.atomic_files import write_bytes_atomic
+from pipeline.storage.atomic_files import write_bytes_atomic
 from training import data_order
 from training.config import Config, ConfigError
 from training.engine import Engine

@@ -1,7 +1,7 @@
 """What a run's order of samples rests on, and whether a checkpoint's order can go on here.
 
 The loaders make each global step of an epoch from the same samples at any world size, for a
-fixed global batch (`pipeline/sharding.py`). So a run keeps its global batch for life: set by
+fixed global batch (`pipeline/loader/sharding.py`). So a run keeps its global batch for life: set by
 `data.global_batch_size`, else `data.batch_size` x the world size of the run's first start,
 and a run resumed on another number of processes takes global_batch / world_size samples per
 process. A checkpoint records what its order rests on (`record`): the global batch, the

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from pipeline.base import LoaderWorkerDied  # noqa: E402
-from pipeline.datasets import DatasetError, RemoteDataError  # noqa: E402
+from pipeline.loader.base import LoaderWorkerDied  # noqa: E402
+from pipeline.errors import DatasetError, RemoteDataError  # noqa: E402
 from training.config import ConfigError, load_config  # noqa: E402
 from training import distributed  # noqa: E402
 from training.distributed import close_world  # noqa: E402
@@ -107,7 +107,7 @@ def exit_after_success() -> None:
     abort a finished rank (SIGABRT, `terminate called without an active exception`, after rank 0's
     `done` line: twice in the test suite's tiny runs), which torchrun reports as a failed run.
     Everything is written, fsynced and closed by now, and the process group destroyed; DataLoader
-    workers die with this process (pipeline/loader_workers.py). No gc.collect() first: it ran
+    workers die with this process (pipeline/loader/workers.py). No gc.collect() first: it ran
     numba's dispatcher finalizers, which print a harmless KeyError."""
     sys.stdout.flush()
     sys.stderr.flush()

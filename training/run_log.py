@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from pipeline.atomic_files import check_writable, write_bytes_atomic
+from pipeline.storage.atomic_files import check_writable, write_bytes_atomic
 from pipeline.progress import Progress
 
 

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from pipeline.loader_workers import leave_to_main_process
+from pipeline.loader.workers import leave_to_main_process
 from training.distributed import World
 
 # What schedulers send before they kill: SIGTERM (Slurm, Kubernetes, torchrun's shutdown) and

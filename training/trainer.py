@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from algorithms import clashes
 from algorithms.base import Event, RunPlan, settle_loader_specs
 from pipeline import batches_per_epoch, build_loader, split_samples
-from pipeline.store_urls import redact
+from pipeline.storage.urls import redact
 from training import distributed as dist
 from training import checkpoints, data_order
 from training.config import Config, ConfigError

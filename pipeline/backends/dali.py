@@ -1,20 +1,20 @@
 """The `dali` backend: an NVIDIA DALI pipeline over raw ImageNet-layout folders
 (`readers.file`) or the WebDataset shards (an external source reading them in the webdataset
-backend's plan, from local disk or, for a URL, through `pipeline/remote_shards.py`).
+backend's plan, from local disk or, for a URL, through `pipeline/remote/shards.py`).
 
 With CUDA, JPEGs are decoded by `decoders.image_random_crop(device='mixed')` (nvJPEG,
 with `hw_decoder_load` sending part of the work to the hardware JPEG decoder where there is
 one) and resized, flipped and normalized on the GPU; the batch never visits the host.
 Without CUDA the same graph runs on the CPU (`device_id=None`). RandAugment, when the spec
 asks for it, is DALI's own `auto_aug.rand_augment` after the resize, with the magnitude
-scale `pipeline/randaugment.py` gives the PIL backends.
+scale `pipeline/transforms/randaugment.py` gives the PIL backends.
 
 Epochs: a pipeline is built per epoch (about 10 ms), seeded from (seed, rank, epoch), with
 the epoch's resolution as a constant, so a schedule decodes straight to the new size and
 an epoch can be replayed exactly. Each pipeline is run exactly once per batch of its epoch,
 and the next epoch's is started during the current one's last batches (`_EpochRun`).
-Folder source: the reader gets this rank's file list for the epoch from `pipeline.sharding`,
-already in order. Shard source: the webdataset backend's plan (`pipeline/shard_index.py`), not
+Folder source: the reader gets this rank's file list for the epoch from `pipeline.loader.sharding`,
+already in order. Shard source: the webdataset backend's plan (`pipeline/shards/index.py`), not
 DALI's own `readers.webdataset`, whose sharding gives each global step other samples at each
 world size. Both follow the global steps that make a resume at another world size exact in
 its samples; DALI's crops do not come from the sample ids, so the pixels differ. Resuming at batch b runs the first b batches again and drops
@@ -34,14 +34,16 @@ import torch
 from nvidia.dali import fn, math as dali_math, pipeline_def, types
 from nvidia.dali.auto_aug import rand_augment
 
-from pipeline.base import Loader
-from pipeline.crops import RANDOM_CROP_ATTEMPTS, sample_seed
-from pipeline.datasets import DatasetError, is_converted, read_converted, read_folder
-from pipeline.store_urls import is_url
-from pipeline.randaugment import SEVERITY_BINS
-from pipeline.remote_shards import RemoteShards
-from pipeline.shard_index import StoredShards
-from pipeline.sharding import rank_batches, rank_sample_count, rank_samples
+from pipeline.loader.base import Loader
+from pipeline.transforms.crops import RANDOM_CROP_ATTEMPTS, sample_seed
+from pipeline.datasets import read_converted, read_folder
+from pipeline.errors import DatasetError
+from pipeline.formats.converted import is_converted
+from pipeline.storage.urls import is_url
+from pipeline.transforms.randaugment import SEVERITY_BINS
+from pipeline.remote.shards import RemoteShards
+from pipeline.shards.index import StoredShards
+from pipeline.loader.sharding import rank_batches, rank_sample_count, rank_samples
 from pipeline.spec import LoaderSpec
 
 # nvJPEG scratch sizes that avoid re-allocations on ImageNet (as in DALI's ResNet-50 example).
@@ -126,7 +128,7 @@ class DALILoader(Loader):
 
 class _PlannedBatches:
     """An external source of one epoch's (JPEG bytes, label) batches, in the webdataset backend's
-    plan, read from the shards (from a URL, `pipeline/remote_shards.py` fetches ahead from the
+    plan, read from the shards (from a URL, `pipeline/remote/shards.py` fetches ahead from the
     first batch on, and near the end the first batches of `following()`, the next epoch's plan).
     Each batch's bytes are read in a thread while DALI works on the one before: DALI calls a
     source from the thread that schedules its runs, the training loop's."""

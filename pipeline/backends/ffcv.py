@@ -2,14 +2,14 @@
 
 What we add to FFCV, and why:
 - `SeededRandomResizedCrop`, a decoder that draws each sample's crop and flip from a seed
-  of (seed, epoch, sample id), the same numbers as every other backend (pipeline.crops's,
+  of (seed, epoch, sample id), the same numbers as every other backend (pipeline.transforms.crops's,
   through its C copy: numba has no numpy Generator). FFCV's own RandomResizedCrop and flip
   draw from numba's per-thread global RNG, which nothing seeds: their augmentations differ
   on every run and a resumed epoch could not repeat them. The epoch reaches the compiled
   code through a one-element array that the numba code reads by address at run time (globals
   and closure values are frozen into numba code when it compiles, and recompiling costs ~5 s).
 - `_stop`: an epoch left mid-way ends FFCV's epoch thread, which would otherwise run on.
-- Our traversal order (`pipeline.sharding`) in place of FFCV's: its `distributed=True`
+- Our traversal order (`pipeline.loader.sharding`) in place of FFCV's: its `distributed=True`
   pads like DistributedSampler, so a val epoch would count some samples twice. The order
   is set on the loader object after construction because Loader(order=<TraversalOrder
   subclass>) is rejected by an `isinstance` check in FFCV 1.0.2.
@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 import torch
-import pipeline.ffcv_import  # noqa: F401 - first: FFCV without its typed-dict compile
+import pipeline.formats.ffcv_import  # noqa: F401 - first: FFCV without its typed-dict compile
 from ffcv.fields.basics import IntDecoder
 from ffcv.fields.rgb_image import IMAGE_MODES, CenterCropRGBImageDecoder, ResizedCropRGBImageDecoder
 from ffcv.libffcv import imdecode, resize_crop
@@ -42,10 +42,12 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from pipeline.base import Loader
-from pipeline.crops import UNIFORMS_PER_SAMPLE, compiled_sample_uniforms, random_resized_crop
-from pipeline.datasets import CONVERTERS, DatasetError, read_converted
-from pipeline.sharding import batch_count, rank_samples
+from pipeline.loader.base import Loader
+from pipeline.transforms.crops import UNIFORMS_PER_SAMPLE, compiled_sample_uniforms, random_resized_crop
+from pipeline.datasets import read_converted
+from pipeline.errors import DatasetError
+from pipeline.formats.converted import CONVERTERS
+from pipeline.loader.sharding import batch_count, rank_samples
 from pipeline.spec import LoaderSpec
 
 log = logging.getLogger("pipeline")

@@ -2,7 +2,7 @@
 
 An ImageFolder-style dataset on the raw files, decoded with PIL (stock semantics: full
 decode, no DCT scaling), through a torch DataLoader with workers and pinned memory. The
-sampler follows `pipeline.sharding` (a DistributedSampler without the padding) and hands
+sampler follows `pipeline.loader.sharding` (a DistributedSampler without the padding) and hands
 each worker a whole batch at a time, keyed by (epoch, side, sample ids): persistent workers
 learn the epoch and the scheduled resolution from the key itself.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from torch.utils.data import Dataset
 
-from pipeline.base import Loader
+from pipeline.loader.base import Loader
 from pipeline.datasets import read_folder
-from pipeline.loader_workers import BatchKeys, torch_dataloader
-from pipeline.sample_decode import collate, load_or_report
-from pipeline.sharding import batch_count, rank_samples
+from pipeline.loader.workers import BatchKeys, torch_dataloader
+from pipeline.decode.pillow_sample import collate, load_or_report
+from pipeline.loader.sharding import batch_count, rank_samples
 from pipeline.spec import LoaderSpec
 
 

@@ -2,14 +2,14 @@
 ceiling every real loader is measured against. It costs nothing per batch but a slice.
 
 Every step's global batch is the same G = batch_size x world_size samples, sample j drawn from
-(seed, j), and rank r holds every world_size-th of them from r, as `pipeline.sharding` deals a
+(seed, j), and rank r holds every world_size-th of them from r, as `pipeline.loader.sharding` deals a
 permutation: so a step's samples do not depend on the world size here either."""
 from __future__ import annotations
 
 import torch
 
-from pipeline.base import Loader
-from pipeline.sharding import rank_batches
+from pipeline.loader.base import Loader
+from pipeline.loader.sharding import rank_batches
 from pipeline.spec import LoaderSpec
 
 

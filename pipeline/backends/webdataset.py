@@ -1,24 +1,24 @@
 """The `webdataset` backend: WebDataset tar shards, each JPEG decoded only where its crop lies,
 at the coarsest DCT scale that keeps it sharp: this project's fastest CPU loader.
 
-An epoch's batches are planned from the shards' index alone (`pipeline/shard_index.py`: which
+An epoch's batches are planned from the shards' index alone (`pipeline/shards/index.py`: which
 samples, in which order, on which rank). Decoding: the native engine makes each batch with
-`num_workers` threads in a background thread of this process (`pipeline/shard_engine_batches.py`).
+`num_workers` threads in a background thread of this process (`pipeline/shards/engine_batches.py`).
 RandAugment, whose operations are Pillow's and need Python, runs instead in DataLoader worker
-processes (`pipeline/shard_worker_batches.py`), as does everything with `native_decode=False`.
-A dataset at a URL is read through the node's block cache (`pipeline/remote_shards.py`).
+processes (`pipeline/shards/worker_batches.py`), as does everything with `native_decode=False`.
+A dataset at a URL is read through the node's block cache (`pipeline/remote/shards.py`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from pipeline.base import Loader
+from pipeline.loader.base import Loader
 from pipeline.datasets import read_converted
-from pipeline.loader_workers import PREFETCH_FACTOR, BatchKeys, torch_dataloader
-from pipeline.shard_engine_batches import PREFETCH_BATCHES, EngineBatches
-from pipeline.remote_shards import RemoteShards
-from pipeline.shard_index import StoredShards
-from pipeline.shard_worker_batches import KeysWithSamples, WorkerBatches
+from pipeline.loader.workers import PREFETCH_FACTOR, BatchKeys, torch_dataloader
+from pipeline.shards.engine_batches import PREFETCH_BATCHES, EngineBatches
+from pipeline.remote.shards import RemoteShards
+from pipeline.shards.index import StoredShards
+from pipeline.shards.worker_batches import KeysWithSamples, WorkerBatches
 from pipeline.spec import LoaderSpec
 
 

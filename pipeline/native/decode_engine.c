@@ -1,0 +1,501 @@
+/* The batch decode engine of the `webdataset` backend: a whole batch made by native threads,
+ * with no Python and no GIL between a sample's bytes and its slot in the batch.
+ *
+ * For each sample, in a pool of pthreads pulling sample numbers from one atomic counter:
+ *   read    one pread of the image and its label, at the offsets the shard's .idx gives (or
+ *           none, where the caller holds them in memory);
+ *   crop    RandomResizedCrop or the val center crop, the arithmetic of pipeline/transforms/crops.py on
+ *           the uniforms of the same per-sample seeds, drawn here as numpy draws them
+ *           (numpy_random.h; by Python when ColOut needs them too), so a batch does not
+ *           depend on the thread count, and every backend crops alike;
+ *   decode  only the crop's rows and iMCU columns (jpeg_skip_scanlines, jpeg_crop_scanline,
+ *           the rows below never decoded), at the smallest allowed DCT scale M/8 that still
+ *           leaves the crop at least `oversample` x the target side; a JPEG with a restart
+ *           marker after every MCU (convert_wds.py's) is first cut down to the MCUs under the
+ *           crop (jpeg_restarts.h), so the MCUs above and beside it are not even Huffman-decoded;
+ *   resize  to side x side with Pillow's antialiased bilinear filter (separable, 22-bit fixed
+ *           point weights, a uint8 intermediate: Pillow's pixels within 1 or 2);
+ *   write   flipped and ColOut'ed (kept rows and columns given by Python) as RGB into the
+ *           sample's slot of the caller's preallocated (N, H, W, 3) batch: uint8 (for a GPU,
+ *           which normalizes after the copy) or float32 already normalized (for a CPU model:
+ *           no second pass over the batch).
+ * A sample libjpeg refuses (corrupt, truncated, CMYK) gets status -1 and its message; Python
+ * then hands it to Pillow. Built and loaded by pipeline/decode/engine.py (ctypes releases the
+ * GIL for the call).
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <jpeglib.h>
+#include "jpeg_errors.h"
+#include "jpeg_restarts.h"
+#include "numpy_random.h"
+#ifdef __SSE4_1__
+#include <immintrin.h>
+#endif
+
+#define COEFFICIENT_BITS 14        /* resampling weights in 16-bit fixed point (Pillow: 22 bits in 32) */
+#define STAGES 3                   /* seconds spent per sample in: read, decode, resize+write */
+#define MOST_UNIFORMS 64           /* per sample */
+
+typedef struct {
+    int count, side, out_rows, out_cols, train, threads, oversample_x100;
+    int restarts;                                 /* 1: enter JPEGs with a marker per MCU at the crop */
+    unsigned scale_mask;                          /* bit M set: DCT scale M/8 allowed (M = 1..16) */
+    double scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, val_crop_ratio;
+    const int *fds;
+    const unsigned char *const *bases;            /* per sample, the memory holding it, or NULL (or a NULL
+                                                     array): read from its fd; offsets count from there */
+    const long long *image_at, *image_size, *label_at;
+    const double *uniforms;                       /* count x uniforms_per_sample, or NULL: drawn here */
+    int uniforms_per_sample;
+    const long long *sample_ids;                  /* what the uniforms are drawn from, with: */
+    long long seed, epoch;
+    const int *keep_rows, *keep_cols;             /* count x out_rows, count x out_cols; NULL: all */
+    unsigned char *out;                           /* count x out_rows x out_cols x 3, or NULL and: */
+    float *out_float;                             /* the same, normalized: pixel * scale[c] + offset[c] */
+    float scale[3], offset[3];
+    int *labels, *status, *scale_used;
+    char *messages;                               /* count x message_size */
+    int message_size;
+    double *stage_seconds;                        /* count x STAGES */
+    int next;                                     /* the next sample to take (atomic) */
+} batch_job;
+
+typedef struct {                                  /* resampling weights along one axis */
+    int *bounds, taps;
+    short *coefficients;
+    size_t bounds_size, coefficients_size;
+} axis_weights;
+
+typedef struct {                                  /* one thread's decoder and growing buffers */
+    struct jpeg_decompress_struct info;
+    error_manager errors;
+    char spare_message[JMSG_LENGTH_MAX];
+    unsigned char *bytes, *region, *rows, *rgb;   /* rgb: one output row before normalizing */
+    float *row_scale, *row_offset;                  /* the normalization constants along a row */
+    size_t bytes_size, region_size, rows_size;
+    double uniforms[MOST_UNIFORMS];
+    restart_index restarts;
+    unsigned char *cut;                           /* the JPEG of the crop's MCUs (jpeg_restarts.h) */
+    size_t cut_size;
+    axis_weights across, down;
+} worker;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);   /* this thread's CPU time: honest on a busy machine */
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *grow(void *buffer, size_t *size, size_t needed, error_manager *errors) {
+    if (needed <= *size) return buffer;
+    void *bigger = realloc(buffer, needed);
+    if (!bigger) refuse(errors, "out of memory (%zu bytes)", needed);
+    *size = needed;
+    return bigger;
+}
+
+/* Sample `index`'s uniforms (train only): Python's when it drew them, else drawn into `buffer`
+ * exactly as pipeline.transforms.crops.sample_uniforms draws them. */
+static const double *sample_uniforms(const batch_job *job, int index, double buffer[MOST_UNIFORMS]) {
+    if (!job->train) return NULL;
+    if (job->uniforms) return job->uniforms + (long)index * job->uniforms_per_sample;
+    numpy_uniforms(sample_seed(job->seed, job->epoch, job->sample_ids[index]), buffer, job->uniforms_per_sample);
+    return buffer;
+}
+
+/* pipeline/transforms/crops.py's random_resized_crop and center_crop, operation for operation: Python's
+ * round() and nearbyint() both round half to even, int() and a C cast both truncate. */
+static void crop_box(const batch_job *job, const double *u, int height, int width, int box[4], int *flip) {
+    *flip = 0;
+    if (!job->train) {
+        int side = (int)(job->val_crop_ratio * (double)(height < width ? height : width));
+        if (side < 1) side = 1;
+        box[0] = (height - side) / 2; box[1] = (width - side) / 2; box[2] = side; box[3] = side;
+        return;
+    }
+    *flip = u[job->uniforms_per_sample - 1] < 0.5;
+    double area = (double)height * (double)width;
+    for (int attempt = 0; attempt < 10; attempt++, u += 4) {
+        double target_area = area * (job->scale_lo + (job->scale_hi - job->scale_lo) * u[0]);
+        double aspect = exp(job->log_ratio_lo + (job->log_ratio_hi - job->log_ratio_lo) * u[1]);
+        int crop_width = (int)nearbyint(sqrt(target_area * aspect));
+        int crop_height = (int)nearbyint(sqrt(target_area / aspect));
+        if (0 < crop_width && crop_width <= width && 0 < crop_height && crop_height <= height) {
+            box[0] = (int)(u[2] * (double)(height - crop_height + 1));
+            box[1] = (int)(u[3] * (double)(width - crop_width + 1));
+            box[2] = crop_height; box[3] = crop_width;
+            return;
+        }
+    }
+    double in_ratio = (double)width / (double)height;
+    double ratio_lo = exp(job->log_ratio_lo), ratio_hi = exp(job->log_ratio_hi);
+    int crop_width = width, crop_height = height;
+    if (in_ratio < ratio_lo) crop_height = (int)nearbyint((double)width / ratio_lo);
+    else if (in_ratio > ratio_hi) crop_width = (int)nearbyint((double)height * ratio_hi);
+    box[0] = (height - crop_height) / 2; box[1] = (width - crop_width) / 2; box[2] = crop_height; box[3] = crop_width;
+}
+
+/* The smallest allowed M (DCT scale M/8) that leaves the crop's shorter side at least
+ * oversample x side; full size (8) when none does. */
+static int pick_scale(const batch_job *job, int crop_height, int crop_width) {
+    int shorter = crop_height < crop_width ? crop_height : crop_width;
+    for (int m = 1; m <= 8; m++)
+        if ((job->scale_mask >> m & 1u) && (long)shorter * m * 100 >= (long)job->oversample_x100 * job->side * 8)
+            return m;
+    return 8;
+}
+
+/* Pillow's bilinear resampling weights for `out_size` outputs from the input span [in0, in1)
+ * of an axis of `in_size` pixels: bounds[x] the first input of output x; `taps` coefficients
+ * per output (an even number, zero beyond the filter's reach), in COEFFICIENT_BITS fixed point. */
+static void resample_weights(axis_weights *axis, error_manager *errors, double in0, double in1, int in_size,
+                             int out_size) {
+    double scale = (in1 - in0) / out_size;
+    double filter_scale = scale < 1.0 ? 1.0 : scale;
+    double support = filter_scale;                 /* the triangle filter's support is 1 */
+    int most = ((int)ceil(support) * 2 + 2) & ~1;
+    axis->bounds = grow(axis->bounds, &axis->bounds_size, sizeof(int) * out_size, errors);
+    axis->coefficients = grow(axis->coefficients, &axis->coefficients_size, sizeof(short) * most * out_size, errors);
+    axis->taps = most;
+    double weights[most];
+    for (int x = 0; x < out_size; x++) {
+        double center = in0 + (x + 0.5) * scale;
+        int first = (int)(center - support + 0.5), last = (int)(center + support + 0.5);
+        if (first < 0) first = 0;
+        if (last > in_size) last = in_size;
+        int n = last - first;
+        double total = 0.0;
+        for (int k = 0; k < n; k++) {
+            double w = 1.0 - fabs((k + first - center + 0.5) / filter_scale);
+            weights[k] = w > 0.0 ? w : 0.0;
+            total += weights[k];
+        }
+        short *c = axis->coefficients + (long)x * most;
+        for (int k = 0; k < most; k++)
+            c[k] = (short)(k < n && total != 0.0 ? weights[k] / total * (1 << COEFFICIENT_BITS) + 0.5 : 0);
+        axis->bounds[x] = first;
+    }
+}
+
+static inline unsigned char clip8(int value) {
+    value >>= COEFFICIENT_BITS;
+    return value < 0 ? 0 : value > 255 ? 255 : (unsigned char)value;
+}
+
+/* One RGBX row resized across: out[x] from in[bounds[x] ...] (reads up to `taps` pixels from
+ * each first one: the rows are padded so that this stays inside the buffer). The SIMD and the
+ * plain code compute the same integers. */
+static void resize_row(const unsigned char *in, unsigned char *out, const axis_weights *axis, int side) {
+    int x = 0, taps = axis->taps;
+#ifdef __AVX2__
+    /* Two outputs per register (one per 128-bit lane), two taps per multiply-add: the bytes
+     * r0 g0 b0 x0 r1 g1 b1 x1 of two neighbouring pixels become the 16-bit pairs (r0 r1) (g0 g1)
+     * (b0 b1) (x0 x1), which _mm256_madd_epi16 weighs with (c0 c1). */
+    const __m256i pairs = _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1,
+                                           0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
+    for (; x + 2 <= side; x += 2) {
+        const unsigned char *p0 = in + (size_t)axis->bounds[x] * 4, *p1 = in + (size_t)axis->bounds[x + 1] * 4;
+        const short *c0 = axis->coefficients + (long)x * taps, *c1 = c0 + taps;
+        __m256i sum = _mm256_set1_epi32(1 << (COEFFICIENT_BITS - 1));
+        for (int k = 0; k < taps; k += 2) {
+            __m256i pixels = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p0 + 4 * k))),
+                                                     _mm_loadl_epi64((const __m128i *)(p1 + 4 * k)), 1);
+            int w0, w1;
+            memcpy(&w0, c0 + k, 4);
+            memcpy(&w1, c1 + k, 4);
+            __m256i weights = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi32(w0)), _mm_set1_epi32(w1), 1);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, pairs), weights));
+        }
+        sum = _mm256_srai_epi32(sum, COEFFICIENT_BITS);
+        sum = _mm256_packus_epi16(_mm256_packs_epi32(sum, sum), sum);
+        int low = _mm256_extract_epi32(sum, 0), high = _mm256_extract_epi32(sum, 4);
+        memcpy(out + 4 * x, &low, 4);
+        memcpy(out + 4 * x + 4, &high, 4);
+    }
+#endif
+    for (; x < side; x++) {
+        const unsigned char *p = in + (size_t)axis->bounds[x] * 4;
+        const short *c = axis->coefficients + (long)x * taps;
+        int sum[4] = {1 << (COEFFICIENT_BITS - 1), 1 << (COEFFICIENT_BITS - 1), 1 << (COEFFICIENT_BITS - 1),
+                      1 << (COEFFICIENT_BITS - 1)};
+        for (int k = 0; k < taps; k++, p += 4)
+            for (int channel = 0; channel < 4; channel++) sum[channel] += p[channel] * c[k];
+        for (int channel = 0; channel < 4; channel++) out[4 * x + channel] = clip8(sum[channel]);
+    }
+}
+
+/* One output row from `taps` consecutive rows of `length` bytes, weighed by `c`. */
+static void resize_column(const unsigned char *rows, size_t stride, const short *c, int taps, int length,
+                          unsigned char *out) {
+    int x = 0;
+#ifdef __SSE4_1__
+    /* Eight bytes at a time, two rows per multiply-add: the bytes of rows k and k+1 interleaved
+     * into 16-bit pairs, weighed with (c_k c_k+1). */
+    for (; x + 8 <= length; x += 8) {
+        __m128i low = _mm_set1_epi32(1 << (COEFFICIENT_BITS - 1)), high = low;
+        for (int k = 0; k < taps; k += 2) {
+            __m128i a = _mm_loadl_epi64((const __m128i *)(rows + k * stride + x));
+            __m128i b = _mm_loadl_epi64((const __m128i *)(rows + (k + 1) * stride + x));
+            __m128i both = _mm_unpacklo_epi8(a, b);
+            int w;
+            memcpy(&w, c + k, 4);
+            __m128i weights = _mm_set1_epi32(w);
+            low = _mm_add_epi32(low, _mm_madd_epi16(_mm_cvtepu8_epi16(both), weights));
+            high = _mm_add_epi32(high, _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(both, 8)), weights));
+        }
+        __m128i words = _mm_packs_epi32(_mm_srai_epi32(low, COEFFICIENT_BITS), _mm_srai_epi32(high, COEFFICIENT_BITS));
+        _mm_storel_epi64((__m128i *)(out + x), _mm_packus_epi16(words, words));
+    }
+#endif
+    for (; x < length; x++) {
+        int sum = 1 << (COEFFICIENT_BITS - 1);
+        for (int k = 0; k < taps; k++) sum += rows[k * stride + x] * c[k];
+        out[x] = clip8(sum);
+    }
+}
+
+/* The region's box [x0, x1) x [y0, y1) resized to side x side, flipped and ColOut'ed into the
+ * sample's slot of the batch (uint8, or float32 normalized).
+ * Across first, then down, through a uint8 intermediate, as Pillow does. */
+static void resize_into(worker *self, const batch_job *job, int index, const unsigned char *region,
+                        int region_width, int region_rows, double x0, double y0, double x1, double y1, int flip) {
+    int side = job->side;
+    axis_weights *across = &self->across, *down = &self->down;
+    resample_weights(down, &self->errors, y0, y1, region_rows, side);
+    resample_weights(across, &self->errors, x0, x1, region_width, side);
+    /* Only the region rows the vertical pass reads are resized across; the last output's taps
+     * may reach past them (with zero weight), so a few rows more are kept. */
+    int row_first = down->bounds[0], row_last = down->bounds[side - 1] + down->taps;
+    size_t stride = (size_t)side * 4;
+    self->rows = grow(self->rows, &self->rows_size, (size_t)(row_last - row_first + 1) * stride, &self->errors);
+    unsigned char *rows = self->rows, *line = self->rows + (size_t)(row_last - row_first) * stride;
+    for (int y = row_first; y < row_last; y++) {
+        if (y < region_rows) resize_row(region + (size_t)y * region_width * 4, rows + (size_t)(y - row_first) * stride,
+                                        across, side);
+        else memset(rows + (size_t)(y - row_first) * stride, 0, stride);
+    }
+    const int *keep_rows = job->keep_rows ? job->keep_rows + (long)index * job->out_rows : NULL;
+    const int *keep_cols = job->keep_cols ? job->keep_cols + (long)index * job->out_cols : NULL;
+    for (int r = 0; r < job->out_rows; r++) {
+        int y = keep_rows ? keep_rows[r] : r;
+        resize_column(rows + (size_t)(down->bounds[y] - row_first) * stride, stride,
+                      down->coefficients + (long)y * down->taps, down->taps, side * 4, line);
+        size_t at = ((size_t)index * job->out_rows + r) * job->out_cols * 3;
+        unsigned char *to = job->out_float ? self->rgb : job->out + at;
+        if (!keep_cols && !flip) {            /* the common case, in a loop the compiler vectorizes */
+            for (int col = 0; col < side; col++)
+                for (int channel = 0; channel < 3; channel++) to[3 * col + channel] = line[4 * col + channel];
+        } else {
+            for (int col = 0; col < job->out_cols; col++) {
+                int x = keep_cols ? keep_cols[col] : col;
+                if (flip) x = side - 1 - x;
+                for (int channel = 0; channel < 3; channel++) to[3 * col + channel] = line[4 * x + channel];
+            }
+        }
+        if (job->out_float) {                 /* normalized, against constants tiled along the row */
+            float *normalized = job->out_float + at;
+            for (int k = 0; k < 3 * job->out_cols; k++)
+                normalized[k] = to[k] * self->row_scale[k] + self->row_offset[k];
+        }
+    }
+}
+
+/* The bytes from the sample's first (image or label) to its last, read from its file, or where
+   they already lie in memory; *image_offset is the image's place in them. */
+static const unsigned char *read_sample(worker *self, const batch_job *job, int i, long long *image_offset) {
+    long long first = job->image_at[i] < job->label_at[i] ? job->image_at[i] : job->label_at[i];
+    long long end = job->image_at[i] + job->image_size[i];
+    if (job->label_at[i] + 4 > end) end = job->label_at[i] + 4;
+    size_t length = (size_t)(end - first);
+    const unsigned char *bytes;
+    if (job->bases && job->bases[i]) {
+        bytes = job->bases[i] + first;
+    } else {
+        self->bytes = grow(self->bytes, &self->bytes_size, length, &self->errors);
+        for (size_t done = 0; done < length;) {
+            ssize_t got = pread(job->fds[i], self->bytes + done, length - done, (off_t)(first + done));
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0) refuse(&self->errors, "cannot read %zu bytes at offset %lld (%s)", length, first,
+                                 got < 0 ? strerror(errno) : "end of file");
+            done += (size_t)got;
+        }
+        bytes = self->bytes;
+    }
+    const unsigned char *label = bytes + (job->label_at[i] - first);
+    job->labels[i] = (int)((unsigned)label[0] | (unsigned)label[1] << 8 | (unsigned)label[2] << 16 |
+                           (unsigned)label[3] << 24);
+    *image_offset = job->image_at[i] - first;
+    return bytes;
+}
+
+static void read_header(worker *self, const unsigned char *jpeg, size_t size) {
+    jpeg_mem_src(&self->info, jpeg, (unsigned long)size);
+    jpeg_read_header(&self->info, TRUE);
+    if (self->info.jpeg_color_space == JCS_CMYK || self->info.jpeg_color_space == JCS_YCCK)
+        refuse(&self->errors, "CMYK JPEG (not decoded here)");
+}
+
+static void make_sample(worker *self, batch_job *job, int i) {
+    struct jpeg_decompress_struct *info = &self->info;
+    double *seconds = job->stage_seconds + (long)i * STAGES, started = now();
+    long long image_offset;
+    const unsigned char *sample = read_sample(self, job, i, &image_offset);
+    double read_done = now();
+    seconds[0] = read_done - started;
+    const unsigned char *jpeg = sample + image_offset;
+    size_t jpeg_size = (size_t)job->image_size[i];
+    int indexed = job->restarts && restart_index_build(&self->restarts, jpeg, jpeg_size);
+    int width, height;
+    if (indexed) {
+        width = self->restarts.width;
+        height = self->restarts.height;
+    } else {
+        read_header(self, jpeg, jpeg_size);
+        width = (int)info->image_width;
+        height = (int)info->image_height;
+    }
+    int box[4], flip;
+    crop_box(job, sample_uniforms(job, i, self->uniforms), height, width, box, &flip);
+    int m = pick_scale(job, box[2], box[3]);
+    job->scale_used[i] = m;
+    /* libjpeg's output size at scale m/8 (jdiv_round_up in jpeg_core_output_dimensions) */
+    int scaled_width = (width * m + 7) / 8, scaled_height = (height * m + 7) / 8;
+    double x_scale = (double)scaled_width / width, y_scale = (double)scaled_height / height;
+    double x0 = box[1] * x_scale, y0 = box[0] * y_scale;
+    double x1 = (box[1] + box[3]) * x_scale, y1 = (box[0] + box[2]) * y_scale;
+    /* The filter reads up to (shrink factor) pixels beyond the box; one more, since libjpeg
+     * upsamples chroma at a region's edge columns as at the image's. */
+    double span = (x1 - x0) > (y1 - y0) ? (x1 - x0) : (y1 - y0);
+    int margin = (int)ceil(span / job->side) + 2;
+    int row0 = (int)floor(y0) - margin, row1 = (int)ceil(y1) + margin;
+    int col0 = (int)floor(x0) - margin, col1 = (int)ceil(x1) + margin;
+    if (row0 < 0) row0 = 0;
+    if (col0 < 0) col0 = 0;
+    if (row1 > scaled_height) row1 = scaled_height;
+    if (col1 > scaled_width) col1 = scaled_width;
+    if (indexed && (row1 - row0) * (col1 - col0) < scaled_height * scaled_width) {
+        /* Only the MCUs under rows [row0, row1) and columns [col0, col1), cut out as a JPEG
+         * of their own (coordinates move with its corner). Pixels at a cut edge differ from the
+         * whole image's (chroma upsampling reads 1 pixel across an MCU edge), but the margin
+         * above keeps what the filter reads 2 pixels inside the region, as for
+         * jpeg_crop_scanline's edges. */
+        const restart_index *index = &self->restarts;
+        int mcu_rows = index->mcu_height * m / 8, mcu_cols = index->mcu_width * m / 8;
+        int top = row0 / mcu_rows, bottom = (row1 + mcu_rows - 1) / mcu_rows;
+        int left = col0 / mcu_cols, right = (col1 + mcu_cols - 1) / mcu_cols;
+        if (bottom > index->mcus_down) bottom = index->mcus_down;
+        if (right > index->mcus_across) right = index->mcus_across;
+        size_t cut_size = restart_region_size(index, top, bottom, left, right);
+        self->cut = grow(self->cut, &self->cut_size, cut_size, &self->errors);
+        restart_region_write(index, jpeg, top, bottom, left, right, self->cut);
+        read_header(self, self->cut, cut_size);
+        int dy = top * mcu_rows, dx = left * mcu_cols;
+        y0 -= dy; y1 -= dy; row0 -= dy; row1 -= dy;
+        x0 -= dx; x1 -= dx; col0 -= dx; col1 -= dx;
+    } else if (indexed) {
+        read_header(self, jpeg, jpeg_size);    /* the crop needs (nearly) every MCU: decoded whole */
+    }
+    info->out_color_space = JCS_EXT_RGBX;
+    info->scale_num = (unsigned)m;
+    info->scale_denom = 8;
+    jpeg_start_decompress(info);
+    JDIMENSION first_col = (JDIMENSION)col0, region_width = (JDIMENSION)(col1 - col0);
+    if (region_width < info->output_width) jpeg_crop_scanline(info, &first_col, &region_width);
+    int rows = row1 - row0;
+    /* resize_row reads up to 2 x margin pixels from a tap's first one, with zero weight past the row */
+    self->region = grow(self->region, &self->region_size, (size_t)region_width * 4 * rows + (size_t)16 * (margin + 8),
+                        &self->errors);
+    if (row0 > 0 && jpeg_skip_scanlines(info, (JDIMENSION)row0) != (JDIMENSION)row0)
+        refuse(&self->errors, "cannot skip %d rows", row0);
+    for (int row = 0; row < rows;) {
+        JSAMPROW pointer = self->region + (size_t)row * region_width * 4;
+        row += (int)jpeg_read_scanlines(info, &pointer, 1);
+    }
+    jpeg_abort_decompress(info);   /* the rows below the crop are never decoded */
+    double decode_done = now();
+    seconds[1] = decode_done - read_done;
+    resize_into(self, job, i, self->region, (int)region_width, rows, x0 - first_col, y0 - row0,
+                x1 - first_col, y1 - row0, flip);
+    seconds[2] = now() - decode_done;
+}
+
+/* At load (pipeline/native/library.py): the libjpeg loaded is the one compiled against. */
+int engine_check(char *message, int message_size) { return jpeg_library_matches(message, message_size); }
+
+static void *work(void *argument) {
+    batch_job *job = argument;
+    worker self;
+    memset(&self, 0, sizeof self);
+    jpeg_errors_start(&self.info, &self.errors, self.spare_message, sizeof self.spare_message);
+    jpeg_create_decompress(&self.info);
+    int row_values = 3 * job->out_cols;
+    self.rgb = malloc(row_values);
+    self.row_scale = malloc(sizeof(float) * row_values);
+    self.row_offset = malloc(sizeof(float) * row_values);
+    if (!self.rgb || !self.row_scale || !self.row_offset) {
+        for (int i; (i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < job->count;) {
+            snprintf(job->messages + (long)i * job->message_size, job->message_size, "out of memory");
+            job->status[i] = -1;
+        }
+        row_values = 0;
+    }
+    for (int k = 0; k < row_values; k++) {
+        self.row_scale[k] = job->scale[k % 3];
+        self.row_offset[k] = job->offset[k % 3];
+    }
+    for (;;) {
+        int i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED);
+        if (i >= job->count) break;
+        char *message = job->messages + (long)i * job->message_size;
+        message[0] = 0;
+        self.errors.message = message;
+        self.errors.message_size = job->message_size;
+        if (setjmp(self.errors.escape)) {
+            jpeg_abort_decompress(&self.info);      /* the decoder is reusable for the next sample */
+            job->status[i] = -1;
+            continue;
+        }
+        make_sample(&self, job, i);
+        job->status[i] = 0;
+    }
+    jpeg_destroy_decompress(&self.info);
+    restart_index_free(&self.restarts);
+    free(self.cut); free(self.bytes); free(self.region); free(self.rows); free(self.rgb); free(self.row_scale); free(self.row_offset);
+    free(self.across.bounds); free(self.across.coefficients); free(self.down.bounds); free(self.down.coefficients);
+    return NULL;
+}
+
+/* Makes every sample of `job` with `job->threads` threads (the caller's among them); 0 on
+ * success (per-sample failures are in job->status), -1 if no thread could be started. */
+int engine_decode_batch(batch_job *job) {
+    int extra = job->threads - 1;
+    pthread_t threads[extra > 0 ? extra : 1];
+    int started = 0;
+    job->next = 0;
+    for (; started < extra; started++)
+        if (pthread_create(&threads[started], NULL, work, job) != 0) break;
+    work(job);
+    for (int t = 0; t < started; t++) pthread_join(threads[t], NULL);
+    return 0;
+}
+
+int engine_stages(void) { return STAGES; }
+
+/* For tests: the crop box and flip the engine draws for sample `index` of `job` in a
+ * height x width image. */
+void engine_crop_box(const batch_job *job, int index, int height, int width, int *box, int *flip) {
+    double buffer[MOST_UNIFORMS];
+    crop_box(job, sample_uniforms(job, index, buffer), height, width, box, flip);
+}
+
+/* For tests: numpy's default_rng(sample_seed(seed, epoch, sample_id)).random(count). */
+void engine_uniforms(long long seed, long long epoch, long long sample_id, double *out, int count) {
+    numpy_uniforms(sample_seed(seed, epoch, sample_id), out, count);
+}

@@ -1,0 +1,129 @@
+/* Region-of-interest JPEG decode with libjpeg-turbo: decode only the rows and columns a crop
+ * needs, at a DCT scale of 1/1, 1/2, 1/4 or 1/8.
+ *
+ * Rows above the crop are skipped with jpeg_skip_scanlines (entropy decoding only, no IDCT,
+ * upsampling or colour conversion), rows below it are never decoded (the decompressor is
+ * aborted), and columns outside it are left out with jpeg_crop_scanline, which widens the
+ * region to whole iMCUs. jpeg_roi_transcode prepares a stored JPEG for the decode engine's
+ * cut at the crop (jpeg_restarts.h). Built and loaded by pipeline/decode/jpeg_roi.py (ctypes); libjpeg's errors
+ * and warnings make the call fail with a message (jpeg_errors.h).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "jpeg_errors.h"
+
+/* Called after the caller's setjmp: libjpeg's errors jump back into the caller's frame. */
+static void read_header(struct jpeg_decompress_struct *info, const unsigned char *data, unsigned long size) {
+    jpeg_create_decompress(info);
+    jpeg_mem_src(info, data, size);
+    jpeg_read_header(info, TRUE);
+}
+
+/* The image's width and height; 0 on success, -1 with `message` set on failure. */
+int jpeg_roi_size(const unsigned char *data, unsigned long size, int *width, int *height,
+                  char *message, int message_size) {
+    struct jpeg_decompress_struct info;
+    error_manager errors;
+    jpeg_errors_start(&info, &errors, message, message_size);
+    if (setjmp(errors.escape)) {
+        jpeg_destroy_decompress(&info);
+        return -1;
+    }
+    read_header(&info, data, size);
+    *width = (int)info.image_width;
+    *height = (int)info.image_height;
+    jpeg_destroy_decompress(&info);
+    return 0;
+}
+
+/* Decodes, at scale 1/`denominator`, the scaled rows [top, top + rows) and at least the scaled
+ * columns [left, left + cols) into `out` (RGBX, rows of `*out_width` pixels, at most `capacity`
+ * bytes). On return `*out_left` is the first decoded column (at most `left`: iMCU-aligned),
+ * `*out_width` the number of columns decoded, `*scaled_width` / `*scaled_height` the size of the
+ * whole scaled image. 0 on success, -1 with `message` set on failure. */
+int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominator,
+                    int top, int rows, int left, int cols, unsigned char *out, long capacity,
+                    int *out_left, int *out_width, int *scaled_width, int *scaled_height,
+                    char *message, int message_size) {
+    struct jpeg_decompress_struct info;
+    error_manager errors;
+    jpeg_errors_start(&info, &errors, message, message_size);
+    if (setjmp(errors.escape)) {
+        jpeg_destroy_decompress(&info);
+        return -1;
+    }
+    read_header(&info, data, size);
+    if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK)
+        refuse(&errors, "CMYK JPEG (not decoded here)");
+    info.out_color_space = JCS_EXT_RGBX;   /* Pillow's own layout: it can wrap the buffer, not copy it */
+    info.scale_num = 1;
+    info.scale_denom = (unsigned int)denominator;
+    jpeg_start_decompress(&info);
+    *scaled_width = (int)info.output_width;
+    *scaled_height = (int)info.output_height;
+    if (top < 0 || rows < 1 || left < 0 || cols < 1 || top + rows > (int)info.output_height ||
+        left + cols > (int)info.output_width)
+        refuse(&errors, "region outside the %dx%d scaled image", *scaled_width, *scaled_height);
+    JDIMENSION x = (JDIMENSION)left, width = (JDIMENSION)cols;
+    if (width < info.output_width) jpeg_crop_scanline(&info, &x, &width);
+    if ((long)width * 4 * rows > capacity)
+        refuse(&errors, "output buffer too small");
+    if (top > 0 && jpeg_skip_scanlines(&info, (JDIMENSION)top) != (JDIMENSION)top)
+        refuse(&errors, "cannot skip %d rows", top);
+    for (int row = 0; row < rows;) {
+        JSAMPROW pointer = out + (long)row * width * 4;
+        row += (int)jpeg_read_scanlines(&info, &pointer, 1);
+    }
+    *out_left = (int)x;
+    *out_width = (int)width;
+    jpeg_abort_decompress(&info);   /* the rows below the crop are never decoded */
+    jpeg_destroy_decompress(&info);
+    return 0;
+}
+
+/* `data` rewritten losslessly (the same DCT coefficients, so the same pixels) as one baseline
+ * scan with optimized Huffman tables and a restart marker every `restart_interval` MCUs (0:
+ * none). Every MCU is the layout jpeg_restarts.h can cut anywhere. `*out` (malloc'ed, free
+ * with jpeg_roi_free) holds `*out_size` bytes. 0 on success, -1 with `message` set on failure. */
+int jpeg_roi_transcode(const unsigned char *data, unsigned long size, int restart_interval, unsigned char **out,
+                       unsigned long *out_size, char *message, int message_size) {
+    struct jpeg_decompress_struct source;
+    struct jpeg_compress_struct target;
+    error_manager errors;
+    volatile int written = 0;               /* *out is libjpeg's final buffer, ours to free */
+    memset(&target, 0, sizeof target);      /* destroyable before it is created */
+    *out = NULL;
+    *out_size = 0;
+    jpeg_errors_start(&source, &errors, message, message_size);
+    target.err = source.err;
+    if (setjmp(errors.escape)) {
+        /* Before jpeg_finish_compress, *out may be stale: once the output buffer has grown,
+         * libjpeg has freed the first one and holds the new one privately. Reading the source
+         * fails before any output exists; a failure while writing (out of memory) leaks it. */
+        jpeg_destroy_compress(&target);
+        jpeg_destroy_decompress(&source);
+        if (written) free(*out);
+        *out = NULL;
+        return -1;
+    }
+    jpeg_create_decompress(&source);
+    jpeg_create_compress(&target);
+    jpeg_mem_src(&source, data, size);
+    jpeg_read_header(&source, TRUE);
+    jvirt_barray_ptr *coefficients = jpeg_read_coefficients(&source);
+    jpeg_copy_critical_parameters(&source, &target);
+    target.restart_interval = (unsigned)restart_interval;
+    target.optimize_coding = TRUE;
+    jpeg_mem_dest(&target, out, out_size);
+    jpeg_write_coefficients(&target, coefficients);
+    jpeg_finish_compress(&target);
+    written = 1;
+    jpeg_finish_decompress(&source);
+    jpeg_destroy_compress(&target);
+    jpeg_destroy_decompress(&source);
+    return 0;
+}
+
+void jpeg_roi_free(void *pointer) { free(pointer); }
+
+int jpeg_roi_check(char *message, int message_size) { return jpeg_library_matches(message, message_size); }

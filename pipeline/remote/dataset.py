@@ -1,0 +1,135 @@
+"""A converted dataset read from a URL (s3://, gs://, http(s)://): the folder a converter wrote,
+served as it is by a bucket or a static web server.
+
+The manifest is fetched at every start (it is small, and it says whether the dataset changed);
+each shard's `.idx` is fetched once into the local cache and read from there afterwards. The
+cache folder of a dataset is named by a hash of its URL and manifest, so a dataset converted
+again under the same URL never meets blocks of its old shards. Where things live:
+
+    CACHE_DIR/<dataset>/manifest.json          a copy, for people looking at the cache
+    CACHE_DIR/<dataset>/<split>/<shard>.idx    fetched once
+    CACHE_DIR/<dataset>/<split>/<shard>.tar.<fetch size>.<block>.block
+                                               samples, evicted past the limit
+    CACHE_DIR/<dataset>/<split>.beton          an FFCV file, staged whole (pipeline/storage/staged_file.py)
+                                               and checked against the manifest's size and sha256;
+                                               outside the limit, as FFCV needs all of it
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from pipeline.storage.atomic_files import FULL_DISK, write_bytes_atomic
+from pipeline.remote.block_cache import BlockCache
+from pipeline.spec import parse_size
+from pipeline.errors import DatasetError, RemoteDataError
+from pipeline.formats.converted import CONVERTERS, ConvertedSplit, Shard, member_table, split_record
+from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest
+from pipeline.storage.object_store import ObjectStore, open_store
+from pipeline.storage.errors import RemoteNotFound
+from pipeline.storage.staged_file import stage_file
+
+DEFAULT_CACHE_LIMIT = "16GiB"
+INDEX_FETCHES = 16        # .idx files fetched at once: a dataset has hundreds, each a round trip
+
+
+@dataclass
+class RemoteSource:
+    """Where a remote split's bytes come from and where they are kept."""
+    store: ObjectStore
+    cache: BlockCache
+    dataset: str              # the dataset's folder in the cache
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fastpipe" / "datasets"
+
+
+def remote_manifest(url: str, timeout_s: Optional[float] = None) -> tuple[dict, bytes, ObjectStore]:
+    """The dataset manifest at URL, checked, with its bytes and the store (its requests retried
+    after timeout_s without an answer)."""
+    store = open_store(url, timeout_s)
+    try:
+        raw = store.read(MANIFEST)
+    except RemoteNotFound:
+        raise RemoteDataError(f"{store.where(MANIFEST)}: not found, so {store.shown} is not a finished conversion "
+                              f"(or its upload was interrupted); run {' or '.join(CONVERTERS.values())} SRC URL") from None
+    try:
+        return parse_manifest(raw.decode("utf-8", errors="replace"), store.where(MANIFEST)), raw, store
+    except ManifestError as error:
+        raise DatasetError(str(error)) from None
+
+
+def read_remote_converted(url: str, split: str, expected_format: str, cache_dir: Optional[str] = None,
+                          cache_limit=None, fetch_timeout: Optional[float] = None) -> ConvertedSplit:
+    """The manifest's view of one converted split at URL, its indexes in the cache."""
+    manifest, raw, store = remote_manifest(url, fetch_timeout)
+    kind, classes, record = split_record(manifest, store.shown, split, expected_format)
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    limit = parse_size(cache_limit if cache_limit is not None else DEFAULT_CACHE_LIMIT)
+    dataset = hashlib.sha256(store.shown.encode() + b"\0" + raw).hexdigest()[:16]
+    folder = root / dataset
+    shards, first = [], 0
+    for entry in record.get("shards", []):
+        shards.append(Shard(store.where(f"{split}/{entry['tar']}"), folder / split / entry["index"], entry["count"],
+                            first, object_name=f"{split}/{entry['tar']}"))
+        first += entry["count"]
+    with _writing_cache(root, store):
+        cache = BlockCache(root, limit)
+        (folder / split).mkdir(parents=True, exist_ok=True)
+        if not (folder / MANIFEST).exists():
+            write_bytes_atomic(folder / MANIFEST, raw, durable=False)
+        with ThreadPoolExecutor(INDEX_FETCHES) as pool:
+            fetches = [pool.submit(_fetch_index, store, f"{split}/{entry['index']}", shard.index)
+                       for shard, entry in zip(shards, record.get("shards", []))]
+            if shards:
+                fetches.append(pool.submit(_check_ranges, store, shards[0].object_name))
+            for fetch in fetches:
+                fetch.result()               # the first failure, as its one line
+        for shard in shards:
+            shard.members = member_table(shard)
+        files = [Path(name) for name in record["files"]]
+        if kind == "ffcv":      # FFCV memory-maps its file: read from a local copy, checked against the manifest
+            files = [_staged_beton(store, record, folder)]
+    split_data = ConvertedSplit(folder, kind, split, classes, record["count"], files, shards)
+    split_data.remote = RemoteSource(store, cache, dataset)
+    return split_data
+
+
+@contextmanager
+def _writing_cache(root: Path, store: ObjectStore):
+    """An OSError of the local cache (its disk full, read-only, not this user's) as one line: the
+    store's own failures are RemoteDataErrors already."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in FULL_DISK:
+            raise DatasetError(f"{root}: no room on its disk for the cache of {store.shown} ({error.strerror}); "
+                               f"free some, or set data.cache_dir to a larger disk") from None
+        raise DatasetError(f"{root}: the cache cannot be written there ({error.strerror}); set data.cache_dir to "
+                           f"a folder this user can write") from None
+
+
+def _staged_beton(store: ObjectStore, record: dict, folder: Path) -> Path:
+    name = record["files"][0]
+    if not isinstance(record.get("sha256"), str) or not isinstance(record.get("bytes"), int):
+        raise DatasetError(f"{store.where(name)}: its manifest records no sha256 to check a copy against "
+                           f"(an older converter); run {CONVERTERS['ffcv']} SRC {store.shown} again")
+    return stage_file(store, name, folder / name, record["bytes"], record["sha256"])
+
+
+def _check_ranges(store: ObjectStore, name: str) -> None:
+    """A server that ignores Range and sends whole files (Python's http.server) is found here,
+    beside the indexes' fetches, rather than at the first batch, where training had begun."""
+    store.read_ranges(name, [(0, 1)])
+
+
+def _fetch_index(store: ObjectStore, name: str, local: Path) -> None:
+    if not local.exists():
+        write_bytes_atomic(local, store.read(name), durable=False)

@@ -1,0 +1,207 @@
+"""The blocks of a split streamed through memory, fetched by a process of their own
+(`pipeline/remote/block_fetcher.py`) into memory shared with this one. Here: starting it, giving it each
+epoch's plan and the loader's position, and the addresses of the blocks a batch reads.
+
+A batch's blocks are found by their state in shared memory: no lock, no thread, no message.
+A block the fetcher has not got is waited for while it is on its way; one it failed to fetch,
+one larger than a slot, or one not in the plan (or all of them, should the fetcher die) is left to
+the caller, which fetches it in this process.
+
+A plan is a list of visits: each time a block is read, the batches reading it and the bytes they
+read of it (`pipeline/remote/block_plan.py`). A block read at an epoch's start and again at its end is two
+visits, fetched twice in parts and let go in between, rather than held all epoch.
+
+The slots are sized from the first plan: the most visits any position holds, from their first
+batch less the window to their last, with room to spare; a later plan that needs more gets a
+shorter window. What the fetcher holds is bounded as `pipeline/remote/memory_blocks.py` bounds it.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.remote import block_fetcher
+from pipeline.remote.block_fetcher import (ABSENT, BYTES, FETCHING, HEADER_WORDS, LOADER_WAITS, PEAK_BYTES, PEAK_IN_FLIGHT,
+                                    POSITION, READY, REQUESTS)
+from pipeline.remote.block_plan import Visits, most_held
+
+FETCHER = Path(block_fetcher.__file__)
+START_PATIENCE_S = 20       # for the fetcher to start (a cold interpreter on a busy node)
+ISSUE_PATIENCE_S = 2        # for it to begin fetching a block of the plan it has not begun yet
+OTHER_VISIT = -4            # a state seen here only: the block is held for other bytes than those read
+
+
+class SharedBlocks:
+    def __init__(self, url: str, store_options: dict, names: list[str], block_shard: np.ndarray,
+                 block_start: np.ndarray, block_end: np.ndarray, slot_bytes: int, slots: int, least_in_flight: int,
+                 most_in_flight: int):
+        self.slot_bytes, self.slots = slot_bytes, slots
+        self.block_sizes = block_end - block_start
+        self._pid = os.getpid()
+        self._memory_fd = os.memfd_create("fastpipe-blocks", os.MFD_CLOEXEC)
+        spans_at, states_at, arena_at, total = block_fetcher.layout(len(block_start), slots, slot_bytes)
+        os.ftruncate(self._memory_fd, total)
+        self._memory = mmap.mmap(self._memory_fd, total)
+        self.header = np.ndarray(HEADER_WORDS, np.int64, self._memory, 0)
+        self.span = np.ndarray((len(block_start), 2), np.int64, self._memory, spans_at)
+        self.state = np.ndarray(len(block_start), np.int32, self._memory, states_at)
+        self.state[:] = ABSENT
+        self._arena = np.ndarray(slots * slot_bytes, np.uint8, self._memory, arena_at)
+        self.arena_address = self._arena.ctypes.data
+        self.planned = np.zeros(len(block_start), bool)
+        ours, theirs = socket.socketpair()
+        self._control = Connection(ours.detach())
+        wake_read, self._wake = os.pipe()
+        os.set_blocking(self._wake, False)
+        fds = (theirs.fileno(), wake_read, self._memory_fd)
+        try:
+            self.process = subprocess.Popen([sys.executable, "-P", str(FETCHER), *map(str, fds)], pass_fds=fds,
+                                            stdin=subprocess.DEVNULL, close_fds=True)
+        except OSError:
+            self._control.close()
+            os.close(self._wake)
+            os.close(self._memory_fd)
+            raise
+        finally:      # the process's copies: ours would keep its end of each open
+            theirs.close()
+            os.close(wake_read)
+        self._control.send(("setup", dict(url=url, store_options=store_options, names=names,
+                                           block_shard=block_shard, block_start=block_start, block_end=block_end,
+                                           slot_bytes=slot_bytes, least_in_flight=least_in_flight,
+                                           most_in_flight=most_in_flight, slots=slots)))
+        self._started = time.monotonic()
+        self._counted = (0, 0)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def plan(self, visits: Visits, window: int, position: int) -> set[int]:
+        """The fetcher's plan from here on, the loader at `position`; the window shrinks where the
+        slots would not hold it. Returns the blocks left out, those larger than a slot, for the
+        caller to fetch."""
+        fits = self.block_sizes[visits.blocks] <= self.slot_bytes
+        left_out = set(visits.blocks[~fits].tolist())
+        visits = visits.select(fits)
+        while window > 1 and most_held(visits.first, visits.last, window) > self.slots:
+            window //= 2
+        self.planned[:] = False
+        self.planned[visits.blocks] = True
+        self.header[POSITION] = position
+        self._control.send(("plan", *visits, window))
+        return left_out
+
+    def at(self, position: int) -> None:
+        """The loader has handed out batch `position`: the fetcher may go on, and let go of the
+        blocks only the batches up to it read."""
+        self.header[POSITION] = position
+        try:
+            os.write(self._wake, b"\0")
+        except BlockingIOError:       # the pipe is full of wake-ups the fetcher has yet to read
+            pass
+        except BrokenPipeError:       # it ended: the blocks are fetched here (`addresses` gives 0)
+            pass
+
+    def addresses(self, blocks: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """The address of each block's bytes, of which the caller reads those from `starts` to
+        `ends` (offsets in its shard), waiting for those on their way; 0 where the caller is to
+        fetch the block itself."""
+        states = self._states(blocks, starts, ends)
+        if (states < 0).any():
+            states = self._wait(blocks, states, starts, ends)
+        return np.where(states >= 0, self.arena_address + states.astype(np.int64) * self.slot_bytes, 0).astype(np.uint64)
+
+    def _states(self, blocks: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """The blocks' states, OTHER_VISIT where a block is held for bytes other than those read
+        (its earlier visit, which the fetcher has yet to let go). The states are read again after
+        the spans, so that a slot let go and taken again in between is not believed."""
+        while True:
+            states = self.state[blocks]
+            spans = self.span[blocks]
+            if np.array_equal(states, self.state[blocks]):
+                break
+        covered = (spans[:, 0] <= starts) & (ends <= spans[:, 1])
+        return np.where((states >= 0) & ~covered, OTHER_VISIT, states)
+
+    def view(self, block: int) -> memoryview | None:
+        """The block's bytes where the fetcher has them, else None: of them, those of the visit it
+        is held for, which a batch of that visit reads."""
+        state = int(self.state[block])
+        if state < 0:
+            return None
+        return memoryview(self._arena)[state * self.slot_bytes:state * self.slot_bytes + int(self.block_sizes[block])]
+
+    def _wait(self, blocks: np.ndarray, states: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        waited_from, pause, checked = time.monotonic(), 0.0002, time.monotonic()
+        counted = False
+        while True:
+            now = time.monotonic()
+            ready = self.header[READY] or now - self._started > START_PATIENCE_S
+            issue_patience = ISSUE_PATIENCE_S if ready else START_PATIENCE_S
+            pending = (states == FETCHING) | (((states == ABSENT) | (states == OTHER_VISIT)) & self.planned[blocks] &
+                                              (now - waited_from < issue_patience))
+            if not pending.any():
+                return states
+            if now - checked > 0.1:
+                checked = now
+                if not self.alive:
+                    return np.minimum(states, ABSENT)
+            if not counted:     # the fetcher allows more requests in flight only while this grows
+                self.header[LOADER_WAITS] += 1
+                counted = True
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+            states = self._states(blocks, starts, ends)
+
+    def counted(self) -> tuple[int, int]:
+        """(requests, bytes) the fetcher made since the last call."""
+        now = int(self.header[REQUESTS]), int(self.header[BYTES])
+        delta = now[0] - self._counted[0], now[1] - self._counted[1]
+        self._counted = now
+        return delta
+
+    @property
+    def bytes_held(self) -> int:
+        return int(self.header[block_fetcher.HELD_BYTES])
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.header[PEAK_BYTES])
+
+    @property
+    def peak_in_flight(self) -> int:
+        """The most requests the fetcher has had in flight at once."""
+        return int(self.header[PEAK_IN_FLIGHT])
+
+    def held_blocks(self) -> set[int]:
+        return set(np.flatnonzero(self.state >= 0).tolist())
+
+    def close(self) -> None:
+        if os.getpid() != self._pid or self._memory is None:      # a forked child's copy: not its to close
+            return
+        try:
+            self._control.send(("stop",))
+        except OSError:       # it ended already
+            pass
+        self._control.close()
+        os.close(self._wake)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.header = self.state = self._arena = None
+        try:
+            self._memory.close()
+        except BufferError:      # a view of a block is still held somewhere: the mapping goes with it
+            pass
+        self._memory = None
+        os.close(self._memory_fd)

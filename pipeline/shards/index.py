@@ -1,0 +1,163 @@
+"""A WebDataset split's shards as one indexed array of samples, and each epoch's batches
+planned from that index alone (no image read), so a plan depends on neither thread nor
+worker counts and resuming at batch b simply starts there.
+
+How an epoch is cut up, so that it is exact and resumable while still streaming:
+- the split's shards are concatenated in an order drawn from (seed, epoch), and the
+  stream is rotated by a random offset, so ranks see other samples every epoch; val keeps
+  the stored order and rank r takes its contiguous range, as `pipeline.loader.sharding` says;
+- train: for a global batch of G samples, the stream's first L*G samples (L = n // G) are
+  cut into G lanes of L consecutive samples; each lane is shuffled within a window of
+  max(1, SHUFFLE_BUFFER // G) samples (`pipeline/shards/buffer_shuffle.py`, seeded by (seed,
+  epoch, lane)), and global step s takes the s-th sample of every lane. Rank r takes lanes
+  [r*b, (r+1)*b) (b: its batch size), in a shuffled order within its batches. So a global
+  step's samples depend on G alone, never on the world size, and each rank still reads one
+  contiguous part of the stream, its own, as b runs of samples side by side;
+- each sample is read in one `pread` of its image and label at the offsets the index gives
+  (no tar header parsed, nothing unpickled, only the `.jpg` and `.lbl` members).
+"""
+from __future__ import annotations
+
+import bisect
+import os
+from contextlib import contextmanager
+
+import numpy as np
+
+from pipeline.decode import engine as decode_engine
+from pipeline.shards.buffer_shuffle import buffer_shuffle
+from pipeline.transforms.crops import sample_seed
+from pipeline.errors import DatasetError
+from pipeline.formats.converted import CONVERTERS, SampleName, Shard
+from pipeline.loader.sharding import batch_count, rank_range
+from pipeline.spec import LoaderSpec
+
+SHUFFLE_BUFFER = 1000       # samples held back for shuffling, over all ranks together
+
+
+def stream_pieces(counts: list[int], lo: int, hi: int, epoch: int, seed: int,
+                  shuffle: bool) -> list[tuple[int, int, int]]:
+    """(shard, begin, end) pieces holding the epoch stream's positions [lo, hi)."""
+    total = sum(counts)
+    rng = np.random.default_rng((seed, epoch, 1))
+    order = rng.permutation(len(counts)) if shuffle else np.arange(len(counts))
+    rotation = int(rng.integers(total)) if shuffle else 0
+    starts = np.concatenate([[0], np.cumsum([counts[s] for s in order])])
+    pieces = []
+    position = lo
+    while position < hi:
+        stored = (position + rotation) % total
+        slot = bisect.bisect_right(starts, stored) - 1
+        begin = stored - starts[slot]
+        length = min(hi - position, counts[order[slot]] - begin)
+        pieces.append((int(order[slot]), int(begin), int(begin + length)))
+        position += length
+    return pieces
+
+
+def unreadable(tar, error: OSError) -> DatasetError:
+    return DatasetError(f"{tar}: unreadable shard ({error.strerror or error}); run {CONVERTERS['webdataset']} again")
+
+
+class StoredShards:
+    """The split's shards as one array of samples: per stored sample id its shard, and the
+    offsets of its image and label; open files are kept per process (a forked worker opens
+    its own)."""
+
+    def __init__(self, shards: list[Shard]):
+        self.shards = shards
+        self.counts = [shard.count for shard in shards]
+        self.shard_of = np.repeat(np.arange(len(shards), dtype=np.int32), self.counts)
+        self.members = np.concatenate([shard.members for shard in shards]) if shards else np.empty((0, 3), np.int64)
+        self._files: dict[int, int] = {}
+        self._opened_by = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.shard_of)
+
+    def epoch_batches(self, spec: LoaderSpec, epoch: int) -> list[np.ndarray]:
+        """The stored sample ids of each of this rank's batches in this epoch."""
+        if spec.train:
+            ids = self._train_ids(spec, epoch)
+        else:
+            ids = self._stream(*rank_range(len(self), spec.rank, spec.world_size), epoch, spec.seed, shuffle=False)
+        size = spec.batch_size
+        return [ids[b * size:(b + 1) * size] for b in range(batch_count(len(ids), size, spec.drop_last))]
+
+    def _stream(self, lo: int, hi: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
+        """The stored sample ids at positions [lo, hi) of the epoch's stream."""
+        firsts = np.concatenate([[0], np.cumsum(self.counts)])
+        ids = [np.arange(firsts[s] + begin, firsts[s] + end)
+               for s, begin, end in stream_pieces(self.counts, lo, hi, epoch, seed, shuffle)]
+        return np.concatenate(ids) if ids else np.empty(0, np.int64)
+
+    def _train_ids(self, spec: LoaderSpec, epoch: int) -> np.ndarray:
+        """This rank's samples of the epoch, step by step: its lanes' s-th samples, then s+1's..."""
+        world, size, rank = spec.world_size, spec.batch_size, spec.rank
+        lanes, length = world * size, len(self) // (world * size)
+        # A rank's lanes are neighbours, so it reads one contiguous part of the stream; in its batches they
+        # come in a shuffled order, so that consecutive samples are not neighbours in the stream
+        part = self._stream(rank * size * length, (rank + 1) * size * length, epoch, spec.seed, shuffle=True)
+        window = max(1, SHUFFLE_BUFFER // lanes)
+        shuffled = np.array([list(buffer_shuffle(part[lane * length:(lane + 1) * length].tolist(), window,
+                                                 sample_seed(spec.seed, epoch, rank * size + lane)))
+                             for lane in range(size)], np.int64).reshape(size, length)
+        order = np.random.default_rng((spec.seed, epoch, 2, rank)).permutation(size)
+        ids = shuffled[order].T.reshape(-1)
+        if not spec.drop_last:        # the samples past the lanes, dealt as evenly as ranks can stay in step
+            rest = self._stream(lanes * length, len(self), epoch, spec.seed, shuffle=True)
+            ids = np.concatenate([ids, rest[rank::world][:len(rest) // world]])
+        return ids
+
+    def read_ahead(self, plan: list[np.ndarray], start: int, following=None) -> None:
+        """An epoch's plan is about to be read from batch `start` on (and `following()` gives the
+        next one's); a reader that fetches ahead (pipeline/remote/shards.py) starts here."""
+
+    def stop_read_ahead(self) -> None:
+        pass
+
+    def consumed(self, batch_index: int) -> None:
+        """Told of each batch handed out; a reader that fetches ahead listens."""
+
+    def fd(self, shard_index: int) -> int:
+        if self._opened_by != os.getpid():            # a forked worker: the parent's files are not ours to share
+            self._files, self._opened_by = {}, os.getpid()
+        if shard_index not in self._files:
+            tar = self.shards[shard_index].tar
+            try:
+                self._files[shard_index] = os.open(tar, os.O_RDONLY)
+            except OSError as error:
+                raise unreadable(tar, error) from None
+        return self._files[shard_index]
+
+    @contextmanager
+    def located(self, ids: np.ndarray):
+        """Where the samples `ids` lie, for the decode engine, while the context lasts."""
+        shards, which = np.unique(self.shard_of[ids], return_inverse=True)      # one fd lookup a shard
+        fds = np.array([self.fd(int(shard)) for shard in shards], np.int32)[which]
+        members = self.members[ids]
+        yield decode_engine.StoredSamples(ids, fds, members[:, 0], members[:, 1], members[:, 2])
+
+    def name(self, sample_id: int) -> SampleName:
+        shard = self.shards[int(self.shard_of[sample_id])]
+        return SampleName(shard, int(sample_id) - shard.first_sample)
+
+    def read(self, sample_id: int) -> tuple[bytes, int]:
+        """One sample's JPEG bytes and label, in one read."""
+        shard_index = int(self.shard_of[sample_id])
+        image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
+        first = min(image_at, label_at)
+        try:
+            chunk = os.pread(self.fd(shard_index), max(image_at + image_size, label_at + 4) - first, first)
+        except OSError as error:
+            raise unreadable(self.shards[shard_index].tar, error) from None
+        label = int.from_bytes(chunk[label_at - first:label_at - first + 4], "little", signed=True)
+        return chunk[image_at - first:image_at - first + image_size], label
+
+    def close(self) -> None:
+        if self._opened_by == os.getpid():
+            for fd in self._files.values():
+                os.close(fd)
+        self._files = {}
+
+    __del__ = close
