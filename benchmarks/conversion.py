@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import append_results, cpu_words, signature  # noqa: E402
-from pipeline.formats.manifest import MANIFEST, read_manifest  # noqa: E402
+from benchmarks.hardware import append_results, cpu_words, signature
+from pipeline.formats.manifest import MANIFEST, read_manifest
 
 CONVERTERS = {"ffcv": "convert_ffcv.py", "webdataset": "convert_wds.py"}
 

@@ -13,7 +13,6 @@ Needs nginx and its echo module (tools/setup_specs.sh's DEB_TEST_PACKAGES).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,13 +20,12 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import append_results, cpu_words, signature  # noqa: E402
-from benchmarks.loopback_servers import Nginx  # noqa: E402
-from pipeline.storage.object_store import open_store  # noqa: E402
-from pipeline.remote.block_plan import BLOCK_BYTES  # noqa: E402
-from pipeline.remote.shards import FETCH_THREADS, MOST_STREAMED_REQUESTS  # noqa: E402
-from pipeline.remote.shared_blocks import SharedBlocks, Visits  # noqa: E402
+from benchmarks.hardware import append_results, cpu_words, signature
+from benchmarks.loopback_servers import Nginx
+from pipeline.storage.object_store import open_store
+from pipeline.remote.block_plan import BLOCK_BYTES
+from pipeline.remote.shards import FETCH_THREADS, MOST_STREAMED_REQUESTS
+from pipeline.remote.shared_blocks import SharedBlocks, Visits
 
 WINDOW = 256        # blocks fetched ahead of the reader at most
 

@@ -58,12 +58,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import numpy as np  # noqa: E402
+import numpy as np
 
-from benchmarks.hardware import RESULTS, append_results, cpu_words, signature  # noqa: E402
-from benchmarks.remote_sources import RemoteSource, cpu_seconds  # noqa: E402
-from pipeline.datasets import REMOTE_BACKENDS  # noqa: E402
+from benchmarks.hardware import RESULTS, append_results, cpu_words, signature
+from benchmarks.remote_sources import RemoteSource, cpu_seconds
+from pipeline.datasets import REMOTE_BACKENDS
 
 # name -> (how it is built, the data form it reads)
 CONFIGURATIONS = {

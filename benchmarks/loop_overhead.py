@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,13 +23,12 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from algorithms.base import Event  # noqa: E402
-from benchmarks.hardware import append_results, signature  # noqa: E402
-from training.config import load_config  # noqa: E402
-from training.distributed import World  # noqa: E402
-from training.engine import Engine  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
+from algorithms.base import Event
+from benchmarks.hardware import append_results, signature
+from training.config import load_config
+from training.distributed import World
+from training.engine import Engine
+from training.trainer import Trainer
 
 
 def bare_epoch(state, autocast) -> None:

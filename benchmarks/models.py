@@ -41,9 +41,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import RESULTS, append_results, cpu_words, signature  # noqa: E402
-from training.models import MODELS  # noqa: E402
+from benchmarks.hardware import RESULTS, append_results, cpu_words, signature
+from training.models import MODELS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 STEPS = ("train", "eval")

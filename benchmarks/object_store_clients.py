@@ -13,7 +13,6 @@ Needs nginx (tools/setup_specs.sh's DEB_TEST_PACKAGES) and, for the comparison, 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,10 +20,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import append_results, cpu_words, signature  # noqa: E402
-from benchmarks.loopback_servers import Nginx  # noqa: E402
-from pipeline.storage.object_store import open_store  # noqa: E402
+from benchmarks.hardware import append_results, cpu_words, signature
+from benchmarks.loopback_servers import Nginx
+from pipeline.storage.object_store import open_store
 
 FILE_SIZE = 64 << 20
 RANGE_SIZE = 16 << 10

@@ -30,9 +30,8 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import RESULTS, cpu_words, slug  # noqa: E402
-from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
+from benchmarks.hardware import RESULTS, cpu_words, slug
+from pipeline.storage.atomic_files import write_bytes_atomic
 
 CEILINGS = ("decode_bound", "gpu_decode_bound")   # not loaders: what decoding alone allows
 DECODE_BOUND = "decode_bound"

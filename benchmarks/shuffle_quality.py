@@ -23,11 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipeline.datasets import read_converted  # noqa: E402
-from pipeline.shards.index import StoredShards  # noqa: E402
-from pipeline.spec import LoaderSpec  # noqa: E402
+from pipeline.datasets import read_converted
+from pipeline.shards.index import StoredShards
+from pipeline.spec import LoaderSpec
 
 
 def global_order(stored: StoredShards, path: str, global_batch: int, world_size: int, epoch: int, seed: int):

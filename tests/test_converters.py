@@ -20,9 +20,9 @@ import pytest
 from PIL import Image
 
 from conftest import TOOLS, read_manifest, run_tool, run_tool_without
-from convert_errors import ConversionFault
-from convert_parallel import parallel_map
 from pipeline import LoaderSpec, build_loader
+from pipeline.convert.errors import ConversionFault
+from pipeline.convert.parallel import parallel_map
 from pipeline.formats import manifest as pipeline_manifest
 from pipeline.errors import DatasetError
 from pipeline.formats.manifest import MANIFEST_VERSION, ManifestError

@@ -34,13 +34,11 @@ import string
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from measuring import (load_measuring_config, measure, measured_run, run_one_rank, synthetic_twin,  # noqa: E402
+from measuring import (load_measuring_config, measure, measured_run, run_one_rank, synthetic_twin,
                        write_figures)
-from pipeline import build_loader  # noqa: E402
-from training.config import ConfigError  # noqa: E402
-from training.step_stream import StepStream  # noqa: E402
+from pipeline import build_loader
+from training.config import ConfigError
+from training.step_stream import StepStream
 
 LOADER_KEYS = ("backend", "path", "num_workers", "hw_decoder_load", "cache_limit")   # data.<key>: loader spec fields
 SETTING_KEYS = (*(f"data.{key}" for key in LOADER_KEYS), "step_stream")

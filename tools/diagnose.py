@@ -58,15 +58,13 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.hardware import results_path, signature  # noqa: E402
-from measuring import load_measuring_config, measure, measured_run, run_one_rank, synthetic_twin  # noqa: E402
-from training.distributed import init_world  # noqa: E402
-from training.precision import autocast_for  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
+from benchmarks.hardware import results_path, signature
+from measuring import load_measuring_config, measure, measured_run, run_one_rank, synthetic_twin
+from training.distributed import init_world
+from training.precision import autocast_for
+from training.trainer import Trainer
 
 NOISE = 0.10          # relative differences below this are noise on shared machines
 LOWER_SCALE = 0.75    # the lower resolution tried for the model: 224 -> 168 px

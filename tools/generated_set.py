@@ -13,10 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
-
 from pipeline.storage.atomic_files import write_bytes_atomic
 from pipeline.progress import Progress
-from worker_pool import WorkerDied, forked_map
+from pipeline.convert.worker_pool import WorkerDied, forked_map
 
 SPLITS = ("train", "val")
 DONE_FILE = ".done.json"      # written last: the set is complete for these params

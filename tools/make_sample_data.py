@@ -42,9 +42,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # run as a script from anywhere
-from debian_packages import DebianPackageError, package_root  # noqa: E402
-from generated_set import (SPLITS, GeneratedSetError, atomic_write, claim_set_dir, disk_usage_mb,  # noqa: E402
+from debian_packages import DebianPackageError, package_root
+from generated_set import (SPLITS, GeneratedSetError, atomic_write, claim_set_dir, disk_usage_mb,
                            finish_set, finished_counts, summarize, write_missing)
 
 

@@ -19,17 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+import torch
 
-import torch  # noqa: E402
-
-from pipeline import build_loader  # noqa: E402
-from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
-from pipeline.errors import DatasetError  # noqa: E402
-from training.config import ConfigError, load_config  # noqa: E402
-from training.distributed import World  # noqa: E402
-from training.run import USAGE_ERROR, build_run  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
+from pipeline import build_loader
+from pipeline.storage.atomic_files import write_bytes_atomic
+from pipeline.errors import DatasetError
+from training.config import ConfigError, load_config
+from training.distributed import World
+from training.run import USAGE_ERROR, build_run
+from training.trainer import Trainer
 
 
 def sync(device: torch.device) -> None:

@@ -15,10 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from benchmarks.report import MATPLOTLIB_MISSING  # noqa: E402
-from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
-from training.run_log import cannot_write  # noqa: E402
+from benchmarks.report import MATPLOTLIB_MISSING
+from pipeline.storage.atomic_files import write_bytes_atomic
+from training.run_log import cannot_write
 
 # (key in metrics.jsonl, panel title); resolution is logged as [height, width]: its height is drawn
 PANELS = [("val_top1", "validation top-1 (%)"), ("val_loss", "validation loss"), ("train_loss", "train loss"),

@@ -36,11 +36,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
-from training.config import ConfigError, load_config  # noqa: E402
-from training.run import USAGE_ERROR, build_run  # noqa: E402
+from pipeline.storage.atomic_files import write_bytes_atomic
+from training.config import ConfigError, load_config
+from training.run import USAGE_ERROR, build_run
 
 IMAGENET_TRAIN, IMAGENET_VAL = 1_281_167, 50_000
 PUBLISHED = ["MLPerf Training v4.0, best 8xH100 ResNet-50: about 13.2 min to 75.9%",

@@ -10,9 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from pipeline.formats.manifest import MANIFEST, ManifestError, read_manifest  # noqa: E402
+from pipeline.formats.manifest import MANIFEST, ManifestError, read_manifest
 
 
 def folder_bytes(folder: Path) -> int:

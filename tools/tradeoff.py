@@ -35,15 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
+import yaml
 
-from benchmarks.hardware import git_commit, signature, slug  # noqa: E402
-from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
-import tradeoff_curves  # noqa: E402  (this folder is on sys.path: run as a script)
-from algorithms.durations import Duration  # noqa: E402
-from training.typed_config import load_recipe  # noqa: E402
+from benchmarks.hardware import git_commit, signature, slug
+from pipeline.storage.atomic_files import write_bytes_atomic
+import tradeoff_curves
+from algorithms.durations import Duration
+from training.typed_config import load_recipe
 
 RECIPES = ROOT / "algorithms" / "recipes"
 SET_BY_THE_SWEEP = ("max_duration", "seed", "run_dir", "resume")

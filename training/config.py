@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
+import algorithms
 from algorithms import check_algorithm_names
 from pipeline import LoaderSpec
 from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
@@ -167,9 +168,23 @@ class Config:
             raise ValueError(f"data: {error}") from None
 
 
+RECIPES = Path(algorithms.__file__).resolve().parent / "recipes"     # shipped with the package
+
+
+def recipe_file(recipe: str) -> Path:
+    """A recipe's file: the path given, or a bare name (`fashion_baseline`, `.yaml` optional) of a
+    recipe shipped in the package, for an install where the repository's files are not at hand."""
+    path = Path(recipe)
+    if path.is_file() or path.parent != Path("."):
+        return path
+    shipped = RECIPES / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    return shipped if shipped.is_file() else path
+
+
 def load_config(recipe: Optional[str], overrides: list[str]) -> Config:
-    """The recipe file (if any) with the overrides applied, validated; a ConfigError otherwise."""
-    data = load_recipe(recipe) if recipe else {}
+    """The recipe (a file, or the name of a shipped one; if any) with the overrides applied,
+    validated; a ConfigError otherwise."""
+    data = load_recipe(recipe_file(recipe)) if recipe else {}
     config = from_mapping(Config, apply_overrides(data, overrides))
     if not config.run_dir:
         config.run_dir = str(Path("runs") / (Path(recipe).stem if recipe else "run"))

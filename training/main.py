@@ -12,19 +12,16 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from pipeline.loader.base import LoaderWorkerDied  # noqa: E402
-from pipeline.errors import DatasetError, RemoteDataError  # noqa: E402
-from training.config import ConfigError, load_config  # noqa: E402
-from training import distributed  # noqa: E402
-from training.distributed import close_world  # noqa: E402
-from training.run import USAGE_ERROR, build_run  # noqa: E402
-from training.stop_requests import Preempted, RunFault  # noqa: E402
+from pipeline.loader.base import LoaderWorkerDied
+from pipeline.errors import DatasetError, RemoteDataError
+from training.config import ConfigError, load_config
+from training import distributed
+from training.distributed import close_world
+from training.run import USAGE_ERROR, build_run
+from training.stop_requests import Preempted, RunFault
 
 FAULT = 1
 

@@ -1,7 +1,7 @@
 """The conversion of an ImageNet-layout folder, split by split, that both converters run
 (`run_conversion`): scan SRC, convert each split that is not up to date with the converter's
 own `convert_split`, and write the manifest (pipeline/formats/manifest.py) last. With an s3:// or gs://
-OUT, all of that happens in a local staging folder, which is then uploaded (tools/convert_upload.py).
+OUT, all of that happens in a local staging folder, which is then uploaded (pipeline/convert/upload.py).
 
 Outputs are written under temporary names and renamed into place by `convert_split`, and the
 manifest is written after them, so an output that has a manifest is complete; a split whose
@@ -26,9 +26,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterable
 
-from convert_cli import check_common_args
-from convert_errors import ConversionError, ConversionFault
-from convert_upload import add_checksums, open_destination
+from pipeline.convert.cli import check_common_args
+from pipeline.convert.errors import ConversionError, ConversionFault
+from pipeline.convert.upload import add_checksums, open_destination
 from pipeline.storage.atomic_files import check_writable
 from pipeline.formats.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split
 from pipeline.formats.manifest import MANIFEST, MANIFEST_VERSION, ManifestError, read_manifest, write_manifest

@@ -1,6 +1,6 @@
 """What can go wrong in a conversion as a whole, as the converters report it: a bad request
 (ConversionError: one line, exit code 2) or a fault met on the way (ConversionFault: one line,
-exit code 1). A single unusable image is neither: it is skipped (tools/convert_images.py)."""
+exit code 1). A single unusable image is neither: it is skipped (pipeline/convert/images.py)."""
 from __future__ import annotations
 
 

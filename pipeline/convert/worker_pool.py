@@ -2,8 +2,8 @@
 
 multiprocessing.Pool replaces a dead worker (a crash in native code, the out-of-memory killer)
 and waits for its lost task forever, which once cost a GPU node's 300 s time limit at 0
-images; a ProcessPoolExecutor notices instead. The converters (convert_parallel.parallel_map)
-and the generated sets (generated_set.write_missing) both run their work through forked_map.
+images; a ProcessPoolExecutor notices instead. The converters (pipeline/convert/parallel.py)
+and the generated sets (tools/generated_set.py) both run their work through forked_map.
 """
 from __future__ import annotations
 

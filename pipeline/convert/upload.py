@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from convert_errors import ConversionError, ConversionFault
+from pipeline.convert.errors import ConversionError, ConversionFault
 from pipeline.errors import RemoteDataError
 from pipeline.formats.manifest import MANIFEST, ManifestError, read_manifest
 from pipeline.storage.object_store import open_store

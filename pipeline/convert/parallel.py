@@ -1,18 +1,18 @@
-"""The converters' per-image work on several processes (tools/worker_pool.py), in order, with
+"""The converters' per-image work on several processes (pipeline/convert/worker_pool.py), in order, with
 a progress bar (pipeline/progress.py); a worker that dies is a ConversionFault, not a hang."""
 from __future__ import annotations
 
 import contextlib
 from typing import Callable, Iterator
 
-from convert_errors import ConversionFault
+from pipeline.convert.errors import ConversionFault
 from pipeline.progress import Progress
-from worker_pool import WorkerDied, forked_map
+from pipeline.convert.worker_pool import WorkerDied, forked_map
 
 
 def parallel_map(function: Callable, items: list, num_workers: int, desc: str,
                  chunksize: int = 16) -> Iterator:
-    """function(item) for each item, in order, on num_workers processes (tools/worker_pool.py),
+    """function(item) for each item, in order, on num_workers processes (pipeline/convert/worker_pool.py),
     with a progress bar; a worker that dies is a ConversionFault, not a hang."""
     progress = Progress(len(items), desc, unit="img")
     workers = num_workers if len(items) >= 2 * chunksize else 1

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from convert_errors import ConversionError, ConversionFault
+from pipeline.convert.errors import ConversionError, ConversionFault
 
 
 def common_parser(description: str) -> argparse.ArgumentParser:
