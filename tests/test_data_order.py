@@ -17,23 +17,23 @@ def checkpoint(global_batch: int, requested: int, **order) -> dict:
 
 
 def test_a_new_run_takes_batch_size_times_world_size():
-    run = config()
-    assert data_order.settle_global_batch(run, 8, None) == {"global_batch_size": 1024, "requested_batch_size": 128}
+    given = config()
+    run, record = data_order.settle_global_batch(given, 8, None)
+    assert record == {"global_batch_size": 1024, "requested_batch_size": 128}
     assert (run.data.batch_size, run.data.global_batch_size) == (128, 1024)
+    assert given == config()                                # settled in a copy
 
 
 def test_a_resume_on_fewer_processes_keeps_the_global_batch():
-    run = config()
-    assert data_order.settle_global_batch(run, 4, checkpoint(1024, 128))["global_batch_size"] == 1024
-    assert run.data.batch_size == 256
+    run, record = data_order.settle_global_batch(config(), 4, checkpoint(1024, 128))
+    assert record["global_batch_size"] == 1024 and run.data.batch_size == 256
 
 
 def test_an_explicit_global_batch_or_another_batch_size_asks_for_another():
-    explicit = config("data.global_batch_size=512")
-    assert data_order.settle_global_batch(explicit, 4, checkpoint(1024, 128))["global_batch_size"] == 512
-    assert explicit.data.batch_size == 128
-    changed = config("data.batch_size=64")
-    assert data_order.settle_global_batch(changed, 8, checkpoint(1024, 128))["global_batch_size"] == 512
+    explicit, record = data_order.settle_global_batch(config("data.global_batch_size=512"), 4, checkpoint(1024, 128))
+    assert record["global_batch_size"] == 512 and explicit.data.batch_size == 128
+    _, record = data_order.settle_global_batch(config("data.batch_size=64"), 8, checkpoint(1024, 128))
+    assert record["global_batch_size"] == 512
 
 
 @pytest.mark.parametrize("overrides, world_size, message", [

@@ -6,14 +6,21 @@ algorithms the config names and refuses a wrong one as a config error. In-proces
 test_compare_settings.py."""
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import pytest
 import torch
 from conftest import tiny_trainer
 
+from algorithms import build_algorithms
 from algorithms.base import Algorithm, Event
+from algorithms.durations import Duration
 from algorithms.label_smoothing import LabelSmoothing
 from training.config import ConfigError
+from training.distributed import World
 from training.run import build_run
+from training.trainer import Trainer
 
 MICRO_BATCH = [Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS, Event.AFTER_BACKWARD]
 
@@ -84,3 +91,21 @@ def test_build_run_settles_its_own_copy_of_the_config(tmp_path):
     assert config.max_duration == before
     assert first.config.max_duration == second.config.max_duration != before
     assert first.state.total_steps == second.state.total_steps == 2 * before.to_batches(first.state.steps_per_epoch)
+
+
+def test_a_trainer_settles_a_copy_and_leaves_the_config_it_is_given_as_it_was(tmp_path):
+    """What the run settles (precision=auto's choice, the global batch, the scale schedule's stretch,
+    what algorithms record at INIT) is in `trainer.config`; the caller's config stays as it was."""
+    plain = tiny_trainer(tmp_path / "plain", []).config
+    given = dataclasses.replace(plain, run_dir=str(tmp_path / "run"), precision="auto",
+                                data=dataclasses.replace(plain.data, global_batch_size=None),
+                                optim=dataclasses.replace(plain.optim, warmup=Duration(1, "ep")),
+                                algorithms={"scale_schedule": {"ratio": 2.0, "scale_warmup": True},
+                                            "fixres": {"eval_resolution": 24}, "bce": {}})
+    before = copy.deepcopy(given)
+    trainer = Trainer(given, World(0, 0, 1, torch.device("cpu")), build_algorithms(given.algorithms))
+    assert given == before
+    settled = trainer.config
+    assert settled.precision in ("fp32", "bf16") and settled.data.global_batch_size == 8
+    assert settled.max_duration == Duration(4, "ep") and settled.optim.warmup == Duration(2, "ep")
+    assert settled.data.val_resolution == 24 and settled.loss.kind == "bce"

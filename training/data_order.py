@@ -10,16 +10,18 @@ which the trainer refuses unless `resume_allow_changes` is set.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from training.config import Config, ConfigError
 
 
-def settle_global_batch(config: Config, world_size: int, checkpoint: Optional[dict]) -> dict:
-    """The run's global batch and the `data.batch_size` it was asked by (what a later resume
-    compares with), with `config.data.batch_size` set to this process's share of it.
-    A resumed run keeps its checkpoint's unless the config asks for another: an explicit
-    `data.global_batch_size`, or a `data.batch_size` other than the one the run started with."""
+def settle_global_batch(config: Config, world_size: int, checkpoint: Optional[dict]) -> tuple[Config, dict]:
+    """A copy of `config` whose `data.batch_size` is this process's share of the run's global batch
+    and `data.global_batch_size` that batch, and the record of the global batch and of the
+    `data.batch_size` it was asked by (what a later resume compares with). A resumed run keeps
+    its checkpoint's unless the config asks for another: an explicit `data.global_batch_size`,
+    or a `data.batch_size` other than the one the run started with."""
     data = config.data
     saved = checkpoint and saved_order(checkpoint)
     if data.global_batch_size:
@@ -33,8 +35,8 @@ def settle_global_batch(config: Config, world_size: int, checkpoint: Optional[di
                           + (f" into {config.grad_accum} micro-batches each" if config.grad_accum > 1 else "")
                           + ": run on a number of processes that divides it, or set data.global_batch_size")
     requested = saved["requested_batch_size"] if saved and size == saved["global_batch_size"] else data.batch_size
-    data.batch_size, data.global_batch_size = size // world_size, size
-    return {"global_batch_size": size, "requested_batch_size": requested}
+    settled = replace(config, data=replace(data, batch_size=size // world_size, global_batch_size=size))
+    return settled, {"global_batch_size": size, "requested_batch_size": requested}
 
 
 def record(global_batch: dict, backend: str, train_samples: int, classes: int) -> dict:

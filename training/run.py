@@ -6,8 +6,6 @@ print as one line and exit with USAGE_ERROR.
 """
 from __future__ import annotations
 
-import copy
-
 from algorithms import build_algorithms
 from algorithms.base import Algorithm
 from training.config import Config, ConfigError
@@ -29,6 +27,5 @@ def build_run(config: Config, world: World | None = None) -> Trainer:
     """The Trainer of `config` (loaders and model built, INIT fired; `fit()` trains it, `train_step()`
     takes one step), in `world`, else this process's: init_world joins torchrun's process group.
     The algorithms are built first, so a wrong one is refused before anything else starts."""
-    config = copy.deepcopy(config)      # the run settles its own copy (a stretched duration, scaled schedules)
     algorithms = algorithms_from_config(config.algorithms)
     return Trainer(config, world or init_world(config.device), algorithms)
