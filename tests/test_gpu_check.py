@@ -170,7 +170,8 @@ def test_every_stage_command_parses_with_the_tool_it_runs(tmp_path):
     """A misspelt option or override would cost that stage on the GPU node; each command is
     parsed here by the parser of the tool it runs, and every override (put after the tools'
     options: compile=true after --epoch) loads into the recipe's config as the run would."""
-    import compare_settings, convert_wds, diagnose, make_sample_data  # noqa: E401
+    import compare_settings, diagnose, make_sample_data  # noqa: E401
+    from pipeline.convert import wds as convert_wds
     from benchmarks import loaders, loopback_servers, models
     from training import main as training_main
     from training.config import load_config
