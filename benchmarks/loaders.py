@@ -225,7 +225,8 @@ def convert(form: str, source: Path, cache: Path) -> Path:
     """The conversion `form` of `source` under `cache`, made now unless already up to date."""
     script, options, _ = CONVERSIONS[form]
     out = cache / f"{source.name}-{form}"
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / script), str(source), str(out), *options],
+    converter = "pipeline.convert." + script.removeprefix("convert_").removesuffix(".py")   # what the script runs
+    result = subprocess.run([sys.executable, "-m", converter, str(source), str(out), *options],
                             capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"error: {script} {source} {out} failed: {result.stderr.strip().splitlines()[-1]}")
@@ -244,9 +245,9 @@ def known_backends(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", type=Path, default=ROOT / "data" / "sample" / "photos",
+    parser.add_argument("--source", type=Path, default=Path("data/sample/photos"),
                         help="ImageNet-layout folder (make demo writes data/sample/photos)")
-    parser.add_argument("--cache", type=Path, default=ROOT / "data" / "bench", help="where conversions are kept")
+    parser.add_argument("--cache", type=Path, default=Path("data/bench"), help="where conversions are kept")
     parser.add_argument("--backends", type=known_backends, default="decode_bound,gpu_decode_bound,folder,webdataset,webdataset-plain,webdataset-pillow,ffcv,ffcv-proportion,"
                         "ffcv-bare,dali-folder,dali-wds,dali-bare",
                         help="comma-separated: " + ", ".join([*BOUNDS, *CONFIGURATIONS]))
@@ -275,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--remote-cache", choices=("streamed", "kept"), default="streamed",
                         help="with --remote: a cache limit of half the split, so that every epoch streams through "
                         "memory, or of twice the split, so that the first epoch fills the cache on disk")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    # A checkout keeps its results in benchmarks/results; an installed package has no such folder to write in
+    parser.add_argument("--results-dir", type=Path, default=RESULTS if RESULTS.is_dir() else Path("results"))
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration
     return parser
 
@@ -350,8 +352,8 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                                                   else 2 * stored})
                             if args.fetch_size:
                                 config["options"] = {**config["options"], "fetch_size": args.fetch_size}
-                        run = subprocess.run([sys.executable, __file__, "--one", json.dumps(config)],
-                                             capture_output=True, text=True, cwd=ROOT)
+                        run = subprocess.run([sys.executable, "-m", "benchmarks.loaders", "--one", json.dumps(config)],
+                                             capture_output=True, text=True)
                         if run.returncode != 0:
                             print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} failed: "
                                   f"{(run.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)

@@ -1,6 +1,6 @@
 """The package as users install it: `pip install .` builds a wheel which, in a fresh virtual
 environment and a folder outside the repository, converts the fashion sample with its console
-script and trains a few steps under `torchrun -m training.main --config fashion_baseline` (a
+script, and trains a few steps under `torchrun -m training.main --config fashion_baseline` (a
 recipe shipped in the package), the decode engine compiled into the per-user cache.
 
 The new environment takes its dependencies (torch, numpy, ...) from this one's site-packages
@@ -23,7 +23,7 @@ import pytest
 from runs import tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_FILES = ["pyproject.toml", "README.md", "pipeline", "training", "algorithms"]
+PACKAGE_FILES = ["pyproject.toml", "README.md", "pipeline", "training", "algorithms", "benchmarks"]
 
 
 def run(command: list, **options) -> subprocess.CompletedProcess:
@@ -38,7 +38,7 @@ def build_wheel(tmp_path: Path) -> Path:
     source.mkdir()
     for name in PACKAGE_FILES:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.so", "results"))
         else:
             shutil.copy2(ROOT / name, source / name)
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
@@ -73,6 +73,7 @@ def test_the_wheel_installs_converts_and_trains_outside_the_repository(tmp_path,
                                                                                "sample_uniforms.c"}
     assert (site / "algorithms" / "recipes" / "fashion_baseline.yaml").is_file()
 
+    assert "--backends" in run([env / "bin" / "fastpipe-benchmark-loaders", "--help"], **options).stdout
     run([env / "bin" / "fastpipe-convert-wds", sample_sets / "fashion", "wds", "--num-workers", 1], **options)
     assert json.loads((work / "wds" / "manifest.json").read_text())["format"] == "webdataset"
 
