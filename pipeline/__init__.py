@@ -21,7 +21,7 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    """An export, imported when first asked for: they import torch (2-3 s), which the converters
+    """An export, imported when first asked for: they import torch (seconds), which the converters
     and the package's other modules they use never need."""
     if name not in _EXPORTS:
         raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """pipeline/native/library.py, which compiles our C files against libjpeg: a libjpeg kit named by
 LIBRARY_PATH (the GPU bundle's) is the one linked and loaded even where the system has its own,
 and a library whose libjpeg is not the version its headers describe is refused in one line at
-load, not left to crash at its first call (what an H200 node did, 2026-11-26)."""
+load, not left to crash at its first call."""
 from __future__ import annotations
 
 import json

@@ -1,8 +1,7 @@
 """Work on forked processes where a worker that dies is an error, not a hang.
 
 multiprocessing.Pool replaces a dead worker (a crash in native code, the out-of-memory killer)
-and waits for its lost task forever, which once cost a GPU node's 300 s time limit at 0
-images; a ProcessPoolExecutor notices instead. The converters (pipeline/convert/parallel.py)
+and waits for its lost task forever; a ProcessPoolExecutor notices instead. The converters (pipeline/convert/parallel.py)
 and the generated sets (tools/generated_set.py) both run their work through forked_map.
 """
 from __future__ import annotations

@@ -3,10 +3,9 @@ before anything from `ffcv`.
 
 `ffcv.fields.rgb_image` builds `IMAGE_MODES = numba.typed.Dict()` when it is imported, a table of
 two entries ({'jpg': 0, 'raw': 1}) that FFCV only ever reads from Python. Filling a typed dict
-from Python makes numba compile its dict code, which numba never caches on disk: 5 s of the 7 s
-that importing FFCV took on a 2-core AMD EPYC (AVX2), paid again by every process that imports it
-(each rank of a run on the ffcv backend, each `tools/convert_ffcv.py`); the first lookup compiles
-for another 0.3 s, in each of FFCV's writer processes. While FFCV is imported through here its
+from Python makes numba compile its dict code, which numba never caches on disk: most of FFCV's
+import time, paid again by every process that imports it (each rank of a run on the ffcv
+backend, each converter), and the first lookup compiles again in each of FFCV's writer processes. While FFCV is imported through here its
 `from numba.typed import Dict` gets Python's `dict`, so `IMAGE_MODES` is a plain dict with the
 same values, and the images, labels and compiled pipelines are the same. (Where
 FFCV's writer puts each image in a .beton depends on which of its processes asks for a page

@@ -85,9 +85,8 @@ def loaded_files(fragment: str) -> list[str]:
 def library_dirs() -> list[str]:
     """LIBRARY_PATH's folders as `-L` flags ahead of the system's, with a run path to each.
     GCC searches LIBRARY_PATH itself only after /usr/lib/x86_64-linux-gnu (it tries each
-    entry's `../lib` first, which misses Debian's multiarch layout), so a kit's libjpeg named
-    there lost to a system libjpeg of another version, and the first call crashed (an H200
-    node, 2026-11-26; reproduced here in mirror image: kit headers of 80, system library 62)."""
+    entry's `../lib` first, which misses Debian's multiarch layout): a kit's libjpeg named there
+    would lose to a system libjpeg of another version, and the first call would crash."""
     folders = [folder for folder in os.environ.get("LIBRARY_PATH", "").split(os.pathsep) if folder]
     return [flag for folder in folders for flag in (f"-L{folder}", f"-Wl,-rpath,{folder}")]
 

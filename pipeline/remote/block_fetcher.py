@@ -5,11 +5,7 @@ process, and lets a slot go once the loader is past the last batch that reads it
 
 Why a process of its own: a fetch costs little CPU, but in the training process each one is a
 few turns of the GIL in a fetch thread, and the training step's thread waits for those turns.
-Beside the loader streaming photos-large with sixteen fetch threads, a paced pure-Python step's
-thread waited 4.9 times a step (voluntary switches), against 2.0 beside the loader reading local
-disk and 1.9-2.0 with this process (2-core Intel Xeon). Here the GIL is the fetcher's own; the
-training process only reads slot numbers from shared memory. (On those 2 cores the step was
-still stretched, now by this process's CPU rather than by the GIL: 4.6-4.9 ms for 4 ms.)
+Here the GIL is the fetcher's own; the training process only reads slot numbers from shared memory.
 
 It imports the standard library, numpy and obstore alone (the `pipeline` package imports
 torch), so it starts in a fraction of a second: `python -P block_fetcher.py CONTROL WAKE MEMORY`,
@@ -52,9 +48,7 @@ import time
 import numpy as np
 
 # Below the training process's threads, and with few runtime threads: a fetch has batches of slack
-# (the window), a training step none. On 2 cores, a paced 4 ms step beside the streamed loader
-# took 4.9-5.2 ms with this process at niceness 0 and tokio's default threads (one per core),
-# 4.6-4.9 ms at 10 with one thread; the loader alone kept its rate (4,620-4,700 img/s) either way.
+# (the window), a training step none.
 NICENESS = 10
 POSITION, REQUESTS, BYTES, HELD_BYTES, PEAK_BYTES, READY, PEAK_IN_FLIGHT, LOADER_WAITS = range(8)
 HEADER_WORDS = 8

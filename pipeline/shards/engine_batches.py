@@ -6,9 +6,8 @@ A sample the engine refuses goes through Pillow here; one Pillow cannot decode e
 out of its batch and reported. The CPU seconds of each engine stage are summed for the
 loader benchmark (`seconds`, over `samples`).
 
-The engine's threads keep the process's CPU priority. Lowered below the training step's
-(niceness +10), they fed resnet50 at 176 px on an H200 worse, not better: 85.8% of the model
-alone from local disk against 92.5%, in alternating rounds on one node.
+The engine's threads keep the process's CPU priority: lowered below the training step's, they
+fed the GPU worse, not better (benchmarks/results/gpu-check/ holds the figures).
 """
 from __future__ import annotations
 

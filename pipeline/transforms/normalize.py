@@ -1,11 +1,9 @@
 """uint8 HWC images -> one normalized float32 batch, fast on a CPU.
 
-A batch at 160 px is 39 MB of float32, far bigger than any cache. Two costs dominate, both
-measured on this project's 2-core machines at 160 px:
-- fresh memory: every new batch is new pages for the kernel to fault in and zero, about
-  150-200 us an image, more than the arithmetic. `BatchBuffers` hands out the same few
-  batches again once nothing outside holds them (normalizing into one: about 85 us an
-  image; into a fresh one: about 230; into fresh shared memory, in a worker: about 300);
+A batch at 160 px is 39 MB of float32, far bigger than any cache. Two costs dominate:
+- fresh memory: every new batch is new pages for the kernel to fault in and zero, which costs
+  more than the arithmetic. `BatchBuffers` hands out the same few batches again once nothing
+  outside holds them;
 - torch's `x.float().sub_(mean).mul_(inv_std)` makes three passes over the batch with the
   channel constants broadcast along a trailing dimension of 3. Here each image is
   converted, centred and scaled while it is in cache, against the constants tiled along a
