@@ -7,6 +7,7 @@ file holds a few readable lines instead of thousands of redraws.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -16,14 +17,15 @@ from tqdm import tqdm
 
 DEFAULT_EVERY_S = 30.0
 
+log = logging.getLogger(__name__)
+
 
 def _every_s() -> float:
     text = os.environ.get("PROGRESS_EVERY_S", "")
     try:
         return max(0.0, float(text)) if text else DEFAULT_EVERY_S
     except ValueError:
-        print(f"warning: PROGRESS_EVERY_S={text!r} is not a number of seconds; using {DEFAULT_EVERY_S:g}",
-              file=sys.stderr)
+        log.warning("warning: PROGRESS_EVERY_S=%r is not a number of seconds; using %g", text, DEFAULT_EVERY_S)
         return DEFAULT_EVERY_S
 
 

@@ -5,6 +5,7 @@ disk; a cache with no room at all hands blocks over in memory; a cache that cann
 at all (full, read-only) is one line before anything is read."""
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -22,18 +23,30 @@ def partial_files(root) -> list:
     return [path for path in root.rglob("*") if ".tmp-" in path.name]
 
 
-def test_a_split_the_disk_has_no_room_for_streams_through_memory(converted_sets, photos_server, tmpfs, capsys):
+@pytest.fixture
+def said(caplog):
+    """What was logged since the last call, a message a line, info and above from pipeline/."""
+    caplog.set_level(logging.INFO, logger="pipeline")
+
+    def since_last():
+        lines = [line for record in caplog.records for line in record.getMessage().splitlines()]
+        caplog.clear()
+        return lines
+    return since_last
+
+
+def test_a_split_the_disk_has_no_room_for_streams_through_memory(converted_sets, photos_server, tmpfs, said):
     disk = tmpfs("disk", "2m")        # the split is 2.5 MiB
     remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=disk, cache_limit="1GiB"))
-    said = capsys.readouterr().err.strip().splitlines()
+    lines = said()
     assert remote.stored.in_memory and remote.stored.split_bytes < (1 << 30)
-    assert len(said) == 1 and str(disk) in said[0] and "streams through memory" in said[0], said
+    assert len(lines) == 1 and str(disk) in lines[0] and "streams through memory" in lines[0], lines
     assert_same(batches(build_loader(spec(converted_sets["photos"]["webdataset"]))), batches(remote))
     assert not list(disk.rglob(f"*{BLOCK_SUFFIX}"))
 
 
 def test_a_disk_that_fills_mid_epoch_loses_nothing_and_the_split_then_streams(converted_sets, photos_server, tmpfs,
-                                                                              capsys):
+                                                                              said):
     disk = tmpfs("disk", "8m")
     local = build_loader(spec(converted_sets["photos"]["webdataset"]))
     remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=disk, cache_limit="1GiB",
@@ -42,16 +55,16 @@ def test_a_disk_that_fills_mid_epoch_loses_nothing_and_the_split_then_streams(co
     fill(disk, MIB)
     assert_same(batches(local, epoch=0), batches(remote, epoch=0))
     cache = remote.stored.source.cache
-    said = capsys.readouterr().err.strip().splitlines()
-    assert len(said) == 1 and str(disk) in said[0] and "disk is full" in said[0], said
+    lines = said()
+    assert len(lines) == 1 and str(disk) in lines[0] and "disk is full" in lines[0], lines
     assert 0 < cache.limit < remote.stored.split_bytes
     assert not partial_files(disk)
     assert list(disk.rglob(f"*{BLOCK_SUFFIX}"))     # it kept what it had room for
 
     assert_same(batches(local, epoch=1), batches(remote, epoch=1))
     assert remote.stored.in_memory
-    said = capsys.readouterr().err.strip().splitlines()
-    assert len(said) == 1 and "streams through memory from now on" in said[0], said
+    lines = said()
+    assert len(lines) == 1 and "streams through memory from now on" in lines[0], lines
     assert not partial_files(disk)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import re
 import subprocess
 import sys
@@ -66,7 +67,8 @@ def leftovers(dest: Path) -> set[str]:
     return {p.name for p in dest.parent.iterdir()} - {dest.name + ".lock"}
 
 
-def test_stages_once_then_fetches_nothing(nginx_server, beton, tmp_path, capsys):
+def test_stages_once_then_fetches_nothing(nginx_server, beton, tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
     data, sha = beton
     store = open_store(nginx_server.url)
     dest = tmp_path / "cache" / "train.beton"
@@ -77,7 +79,7 @@ def test_stages_once_then_fetches_nothing(nginx_server, beton, tmp_path, capsys)
     after = settled_log(nginx_server)
     assert fetched(after[len(before):]) == len(data)
     assert sum(1 for line in after[len(before):] if f"/{SHARD}" in line) > len(data) // CHUNK
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == "" and not caplog.records
 
     assert stage_file(store, SHARD, dest, len(data), sha, chunk_bytes=CHUNK) == dest
     assert settled_log(nginx_server) == after
@@ -224,11 +226,12 @@ def wait_until(condition, limit_s: float = 30.0) -> None:
 
 
 STAGER = """
-import sys
+import logging, sys
 from pathlib import Path
 from pipeline.storage.object_store import open_store
 from pipeline.storage.staged_file import stage_file
 url, name, dest, size, sha = sys.argv[1:]
+logging.basicConfig(level=logging.INFO, format="%(message)s")      # as a command shows the library's messages
 stage_file(open_store(url), name, Path(dest), int(size), sha, chunk_bytes=256 << 10)
 print("staged", flush=True)
 """

@@ -36,8 +36,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
+    # Every rank logs its warnings (a loader's are its own): under torchrun each line says whose it is
+    whose = f"rank {rank} " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format=f"%(levelname)s {whose}%(name)s: %(message)s")
     trainer = None
     try:
         config = load_config(args.config, args.overrides)

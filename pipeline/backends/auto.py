@@ -28,7 +28,7 @@ from pipeline.formats.converted import converted_format
 from pipeline.machine import results_path, signature
 from pipeline.spec import LoaderSpec
 
-log = logging.getLogger("pipeline")
+log = logging.getLogger(__name__)
 
 # data form -> the backends that read it, and the name the loader benchmark files each under
 READERS = {"webdataset": {"webdataset": "webdataset", "dali": "dali-wds"},

@@ -50,7 +50,7 @@ from pipeline.formats.converted import CONVERTERS
 from pipeline.loader.sharding import batch_count, rank_samples
 from pipeline.spec import LoaderSpec
 
-log = logging.getLogger("pipeline")
+log = logging.getLogger(__name__)
 
 
 @intrinsic

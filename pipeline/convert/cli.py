@@ -1,14 +1,18 @@
 """The converters' command line: the options both share and their checks, and `main_guard`,
-which turns a conversion's errors into one line on stderr and its exit code."""
+which shows the library's log messages on stderr and turns a conversion's errors into one line
+there and its exit code."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Callable
 
 from pipeline.convert.errors import ConversionError, ConversionFault
+
+log = logging.getLogger(__name__)
 
 
 def common_parser(description: str) -> argparse.ArgumentParser:
@@ -48,16 +52,18 @@ def check_common_args(args: argparse.Namespace) -> None:
 
 
 def main_guard(run: Callable[[], int]) -> None:
-    """Exit with run()'s code; a ConversionError is one line on stderr and exit code 2."""
+    """Exit with run()'s code; a ConversionError is one line on stderr and exit code 2. The
+    library's messages, info and above, are lines on stderr, unless the caller configured logging."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         sys.exit(run())
     except ConversionError as error:
-        print(f"error: {error}", file=sys.stderr)
+        log.error("error: %s", error)
         sys.exit(2)
     except ConversionFault as error:
-        print(f"error: {error}", file=sys.stderr)
+        log.error("error: %s", error)
         sys.exit(1)
     except KeyboardInterrupt as interrupt:
-        print(f"interrupted: {interrupt or 'nothing was renamed into place; outputs from earlier runs are intact'}",
-              file=sys.stderr)
+        log.warning("interrupted: %s",
+                    interrupt or "nothing was renamed into place; outputs from earlier runs are intact")
         sys.exit(130)

@@ -14,11 +14,11 @@ record holds its .beton's size and sha256 (`bytes`, `sha256`), for a copy to be 
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import re
 import signal
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -34,6 +34,8 @@ from pipeline.convert.upload import sha256_file
 from pipeline.storage.atomic_files import replace_atomically
 from pipeline.formats.imagefolder import Sample, Skipped
 from pipeline.progress import Progress
+
+log = logging.getLogger(__name__)
 
 WRITE_MODES = ("raw", "jpg", "smart", "proportion")
 
@@ -160,20 +162,19 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
         for attempt in (1, 2):
             if not good:
                 break
-            print(f"{split}: writing {len(good)} samples to {final}", file=sys.stderr)
+            log.info("%s: writing %d samples to %s", split, len(good), final)
             failures = write_beton(args, good, tmp, f"{split}: writing")
             if not failures:
                 break
             if attempt == 2:
                 raise ConversionError(f"{final}: samples kept failing in FFCV's writer: "
                                       f"{[good[i].path for i, _ in failures][:5]}")
-            print(f"{split}: {len(failures)} files failed only in the writer; writing again without them",
-                  file=sys.stderr)
+            log.warning("%s: %d files failed only in the writer; writing again without them", split, len(failures))
             failed = {i for i, _ in failures}
             skipped += [Skipped(good[i].path, reason) for i, reason in failures]
             good = [s for i, s in enumerate(good) if i not in failed]
         if not good:
-            print(f"warning: {split}: no decodable images; {final.name} not written", file=sys.stderr)
+            log.warning("warning: %s: no decodable images; %s not written", split, final.name)
             return SplitResult(0, skipped)
         replace_atomically(tmp, final)
     finally:

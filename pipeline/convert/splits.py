@@ -17,9 +17,9 @@ import argparse
 import copy
 import hashlib
 import json
+import logging
 import os
 import platform
-import sys
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -32,6 +32,8 @@ from pipeline.convert.upload import add_checksums, open_destination
 from pipeline.storage.atomic_files import check_writable
 from pipeline.formats.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split
 from pipeline.formats.manifest import MANIFEST, MANIFEST_VERSION, ManifestError, read_manifest, write_manifest
+
+log = logging.getLogger(__name__)
 
 
 def library_versions(*names: str) -> dict[str, str]:
@@ -63,7 +65,7 @@ class SplitResult:
 
 def report_skips(skipped: list[Skipped]) -> None:
     for skip in skipped:
-        print(f"skipped {skip.path}: {skip.reason}", file=sys.stderr)
+        log.warning("skipped %s: %s", skip.path, skip.reason)
 
 
 # Options that do not change what is written: a manifest from a run that differed only in
@@ -113,13 +115,12 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
     for split, (samples, name_skips) in scans.items():
         fingerprint = source_fingerprint(samples)
         if not args.force and kept.get(split, {}).get("source_fingerprint") == fingerprint:
-            print(f"{out}: {split} is up to date ({kept[split]['count']} samples); --force converts again",
-                  file=sys.stderr)
+            log.info("%s: %s is up to date (%d samples); --force converts again", out, split, kept[split]["count"])
             continue
         report_skips(name_skips)
         missing_classes = empty_classes(samples, classes)
         if missing_classes:
-            print(f"warning: {src / split}: no images for classes {missing_classes}", file=sys.stderr)
+            log.warning("warning: %s: no images for classes %s", src / split, missing_classes)
         try:
             result = convert_split(args, split, samples, out)
         except OSError as error:
@@ -156,9 +157,8 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
                                   "are in place but the manifest is the earlier one; run again once there is "
                                   "room") from None
     rate = f", {converted / elapsed:.0f} img/s" if converted else ""
-    print(f"{out}: {format_name}, {len(classes)} classes, "
-          + ", ".join(f"{split} {record['count']}" for split, record in splits.items())
-          + f", {len(skipped)} skipped{rate}", file=sys.stderr)
+    log.info("%s: %s, %d classes, %s, %d skipped%s", out, format_name, len(classes),
+             ", ".join(f"{split} {record['count']}" for split, record in splits.items()), len(skipped), rate)
     if destination:
         destination.upload(out)
     return 1 if args.strict and any(splits[s]["skipped"] for s in args.splits) else 0
@@ -192,5 +192,5 @@ def previous_manifest(out: Path) -> dict | None:
     try:
         return read_manifest(out)
     except ManifestError as error:
-        print(f"warning: {error}; converting everything", file=sys.stderr)
+        log.warning("warning: %s; converting everything", error)
         return None

@@ -10,9 +10,9 @@ half-updated prefix never looks finished. Large files go up in parts (obstore's 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
-import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +26,8 @@ from pipeline.storage.object_store import open_store
 from pipeline.storage.errors import describe_error
 from pipeline.storage.urls import redact
 from pipeline.progress import Progress
+
+log = logging.getLogger(__name__)
 
 UPLOAD_SCHEMES = ("s3", "gs")
 CHECKSUM = "sha256"                  # the user-metadata key; S3 keeps such keys lower-case
@@ -140,7 +142,7 @@ class Destination:
             there = dict(zip(local, pool.map(lambda item: self._holds(item[0], *item[1], remote), local.items())))
         todo = [name for name in local if name != MANIFEST and not there[name]]
         if not todo and there[MANIFEST]:
-            print(f"{self.shown}: up to date ({len(local)} objects)", file=sys.stderr)
+            log.info("%s: up to date (%d objects)", self.shown, len(local))
             return
         if MANIFEST in remote:
             self._delete(MANIFEST)      # from here on the prefix does not look finished
@@ -148,12 +150,12 @@ class Destination:
         if todo:
             self._put_all(staging, todo, local, total)
         self._put(staging, MANIFEST, *local[MANIFEST], None)
-        print(f"{self.shown}: uploaded {len(todo)} files ({total / MiB:,.1f} MiB) and {MANIFEST}; "
-              f"{len(local) - 1 - len(todo)} were there already", file=sys.stderr)
+        log.info("%s: uploaded %d files (%s MiB) and %s; %d were there already", self.shown, len(todo),
+                 f"{total / MiB:,.1f}", MANIFEST, len(local) - 1 - len(todo))
         stale = sorted(set(remote) - set(local))
         if stale:
-            print(f"{self.shown}: {len(stale)} objects there are not in this manifest (from an earlier "
-                  f"conversion, e.g. {stale[0]}); left as they are", file=sys.stderr)
+            log.info("%s: %d objects there are not in this manifest (from an earlier conversion, e.g. %s); left "
+                     "as they are", self.shown, len(stale), stale[0])
 
     def _put_all(self, staging: Path, todo: list[str], local: dict, total: int) -> None:
         progress = Progress(-(-total // MiB), f"uploading to {self.shown}", unit="MiB")
@@ -262,5 +264,5 @@ def open_destination(args, format_name: str) -> Destination | None:
         return None
     destination = Destination(out, args.upload_workers)
     args.out = getattr(args, "staging", None) or staging_folder(out, format_name)
-    print(f"{destination.shown}: converting in {args.out}, then uploading", file=sys.stderr)
+    log.info("%s: converting in %s, then uploading", destination.shown, args.out)
     return destination

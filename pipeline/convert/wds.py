@@ -27,9 +27,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import logging
 import os
 import shutil
-import sys
 import tarfile
 from dataclasses import dataclass
 from functools import partial
@@ -45,6 +45,8 @@ from pipeline.convert.splits import SplitResult, run_conversion
 from pipeline.storage.atomic_files import fsync_path, replace_atomically
 from pipeline.formats.imagefolder import Sample, Skipped
 from pipeline.decode.jpeg_roi import JPEGError, transcode
+
+log = logging.getLogger(__name__)
 
 MEMBERS = {"image": "jpg", "label": "cls", "label_int32": "lbl"}
 SHARD_PATTERN = "shard-{:06d}"
@@ -189,7 +191,7 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
         writer.close()
         count = writer.count
         if not count:
-            print(f"warning: {split}: no decodable images; {final} not written", file=sys.stderr)
+            log.warning("warning: %s: no decodable images; %s not written", split, final)
             return SplitResult(0, skipped)
         replace_atomically(tmp, final)
     finally:

@@ -23,7 +23,7 @@ from pipeline.errors import CorruptSample
 from pipeline.transforms.normalize import BatchBuffers, normalized_batch
 from pipeline.spec import LoaderSpec
 
-log = logging.getLogger("pipeline")
+log = logging.getLogger(__name__)
 
 
 HANDOVER_ERRORS = (ConnectionError, EOFError)     # how a batch's handover fails when its worker dies

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import logging
 import os
 import select
 import signal
@@ -38,6 +39,8 @@ PREFETCH_FACTOR = 4      # batches each DataLoader worker makes ahead
 START_PATIENCE_S = 30.0  # for a worker just forked to report its start; it takes well under a second
 START_TRIES = 3
 _ID_BYTES = 4
+
+log = logging.getLogger(__name__)
 
 # The write end of the pipe that the workers being started report to (`_start_reports`)
 _STARTED_PIPE: int | None = None
@@ -93,9 +96,8 @@ class _WorkersStopWhenFreed(DataLoader):
             if not stuck:
                 break
             pids = ", ".join(str(iterator._workers[worker].pid) for worker in stuck)
-            print(f"DataLoader worker {pids} did not start within {START_PATIENCE_S:g} s (a child forked while "
-                  f"another thread held an interpreter lock, CPython gh-112275): starting the workers again",
-                  file=sys.stderr, flush=True)
+            log.warning("DataLoader worker %s did not start within %g s (a child forked while another thread held "
+                        "an interpreter lock, CPython gh-112275): starting the workers again", pids, START_PATIENCE_S)
             _end_workers(iterator)
             torch.random.set_rng_state(random_state)
         else:

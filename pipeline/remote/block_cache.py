@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -44,6 +44,16 @@ STALE_TMP_SECONDS = 600      # a block takes far less to write; older temporary 
 DISK_RESERVE = 0.05
 RESERVE_MOST = 4 << 30
 LOWER_ONCE_S = 1.0
+
+log = logging.getLogger(__name__)
+
+
+def node_level() -> int:
+    """The level of a message about the cache folder: WARNING on a node's first rank, DEBUG on the
+    others, since the folder is the node's and each rank would otherwise say the same."""
+    return logging.WARNING if os.environ.get("LOCAL_RANK", "0") == "0" else logging.DEBUG
+
+
 class BlockCache:
     def __init__(self, root: str | Path, limit: int):
         self.root = Path(root)
@@ -155,9 +165,9 @@ class BlockCache:
             # Below what filled the disk: a scan is due only every (1 - EVICT_TO) of the limit added
             lowered = int(EVICT_TO * sum(size for _, size, _ in blocks))
             if lowered < self.limit and not self._lowered_at:
-                print(f"{self.root}: its disk is full; the cache keeps at most {lowered / (1 << 20):,.0f} MiB from "
-                      f"now on (data.cache_limit {self.limit / (1 << 20):,.0f} MiB), so what it cannot keep is "
-                      f"fetched again", file=sys.stderr, flush=True)
+                log.log(node_level(), "%s: its disk is full; the cache keeps at most %s MiB from now on "
+                        "(data.cache_limit %s MiB), so what it cannot keep is fetched again",
+                        self.root, f"{lowered / (1 << 20):,.0f}", f"{self.limit / (1 << 20):,.0f}")
             self.limit = min(self.limit, lowered)
             self._lowered_at = time.monotonic()
         return self._delete_oldest(blocks)

@@ -26,8 +26,8 @@ requests at once, up to 64 where the round trip needs them), by FETCH_THREADS th
 """
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from pipeline.decode import engine as decode_engine
-from pipeline.remote.block_cache import OpenBlocks
+from pipeline.remote.block_cache import OpenBlocks, node_level
 from pipeline.spec import parse_size
 from pipeline.remote.block_plan import BLOCK_BYTES, Visits, block_uses, block_visits, cut_blocks, most_held, sample_spans
 from pipeline.errors import RemoteDataError
@@ -52,6 +52,8 @@ AHEAD_BYTES = 256 << 20        # at most; a quarter of the cache's limit where t
 OPEN_BLOCKS = 512              # block files kept open when no batch holds them
 MIN_WINDOW = 4                 # batches read ahead at least
 SPARE_SLOTS = 1.25             # over the first plan's most blocks held: later epochs' shuffles differ
+
+log = logging.getLogger(__name__)
 
 
 class RemoteShards(StoredShards):
@@ -104,9 +106,9 @@ class RemoteShards(StoredShards):
         missing = int(sum(size for name, size in zip(names, sizes.tolist()) if name not in held))
         if missing <= room:
             return True
-        print(f"{cache.root}: its disk has room for {room / MIB:,.0f} MiB (less a reserve for the run), the split "
-              f"needs {missing / MIB:,.0f} MiB more: it streams through memory, fetched again each epoch "
-              f"(data.cache_dir on a larger disk keeps it)", file=sys.stderr, flush=True)
+        log.log(node_level(), "%s: its disk has room for %s MiB (less a reserve for the run), the split needs %s MiB "
+                "more: it streams through memory, fetched again each epoch (data.cache_dir on a larger disk keeps it)",
+                cache.root, f"{room / MIB:,.0f}", f"{missing / MIB:,.0f}")
         return False
 
     def block_name(self, block: int) -> str:
@@ -227,8 +229,8 @@ class RemoteShards(StoredShards):
         """From this plan on, the split streams as one larger than the cache does: its disk filled
         and the cache's limit was lowered below it (`BlockCache`), so keeping it would mean
         evicting each block before an epoch came back to it."""
-        print(f"{self.source.cache.root}: the split ({self.split_bytes / MIB:,.0f} MiB) no longer fits the room left on "
-              f"its disk: it streams through memory from now on", file=sys.stderr, flush=True)
+        log.log(node_level(), "%s: the split (%s MiB) no longer fits the room left on its disk: it streams through "
+                "memory from now on", self.source.cache.root, f"{self.split_bytes / MIB:,.0f}")
         self.in_memory = True
         self._memory = MemoryBlocks(self.ahead_bytes, self.block_bytes)
         self._open.close_unheld()
@@ -269,14 +271,12 @@ class RemoteShards(StoredShards):
                                         slots, FETCH_THREADS, MOST_STREAMED_REQUESTS)
         except OSError as error:
             self._shared_failed = True
-            print(f"[loader] fetching in this process: the fetch process did not start ({error})",
-                  file=sys.stderr, flush=True)
+            log.warning("[loader] fetching in this process: the fetch process did not start (%s)", error)
 
     def _shared_gone(self) -> None:
         """The fetch process ended under us (killed, out of memory): threads here fetch from now on."""
         code = self._shared.process.poll()
-        print(f"[loader] the fetch process ended (exit status {code}); fetching in this process from here on",
-              file=sys.stderr, flush=True)
+        log.warning("[loader] the fetch process ended (exit status %s); fetching in this process from here on", code)
         self.source.store.count(*self._shared.counted())
         self._shared.close()
         self._shared, self._shared_failed = None, True

@@ -19,16 +19,18 @@ from __future__ import annotations
 import collections
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.storage.atomic_files import FULL_DISK, write_bytes_atomic
 from pipeline.errors import RemoteDataError
 from pipeline.progress import Progress
+
+log = logging.getLogger(__name__)
 
 # Chunks in flight at once, each its own request: one HTTP stream rarely fills a link to object
 # storage. (Adjacent ranges given to one read_ranges call would be merged into one request.)
@@ -58,7 +60,7 @@ def stage_file(store, name: str, dest: Path, size: int, sha256: str, *, chunk_by
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"waiting for another process staging {where} into {dest}", file=sys.stderr, flush=True)
+            log.info("waiting for another process staging %s into %s", where, dest)
             fcntl.flock(lock, fcntl.LOCK_EX)
         if _verified(dest, marker, size, sha256):
             return dest
