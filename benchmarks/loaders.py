@@ -206,7 +206,7 @@ def measure(config: dict) -> dict:
 
 def fetch_process_seconds(loader) -> float:
     """The CPU time so far of the loader's fetch process (a split streamed through memory); 0 without one."""
-    shared = getattr(loader.stored, "_shared", None)
+    shared = getattr(getattr(loader.stored, "blocks", None), "shared", None)
     return cpu_seconds(shared.process.pid, descendants=False) if shared is not None else 0.0
 
 

@@ -112,7 +112,7 @@ def test_s3_keys_from_a_credential_process_reach_the_fetch_process(converted_set
         assert_same(expected, batches(remote))
         # the fetch process got the split's bytes itself: a request it made unsigned would be refused
         from pipeline.remote.block_fetcher import BYTES
-        assert int(remote.stored._shared.header[BYTES]) >= remote.stored.split_bytes // 2
+        assert int(remote.stored.blocks.shared.header[BYTES]) >= remote.stored.split_bytes // 2
     assert len(ran.read_text().splitlines()) == 1       # the keys it gave travel with the store's options
 
 
@@ -215,7 +215,7 @@ def test_a_split_larger_than_the_cache_streams_through_memory(converted_sets, ph
     requests = [0]
     for epoch in (0, 1):
         assert_same(batches(local, epoch), batches(remote, epoch))
-        shared = remote.stored._shared
+        shared = remote.stored.blocks.shared
         requests.append(store.requests)
         # What is held once the fetcher has caught up with the end of the epoch: the next epoch's
         # first blocks, fetched while this one ended, as many as the read-ahead's bytes allow, and
@@ -223,7 +223,7 @@ def test_a_split_larger_than_the_cache_streams_through_memory(converted_sets, ph
         next_plan = [remote.stored.block_of[ids].tolist() for ids in remote.stored.epoch_batches(remote.spec, epoch + 1)]
         held = wait_for(lambda: shared.held_blocks() if next_plan[0][0] in shared.held_blocks()
                         and shared.held_blocks() <= set(sum(next_plan, [])) else None)
-        window = remote.stored._visit_gap
+        window = remote.stored.blocks.visit_gap
         this_plan = [remote.stored.block_of[ids].tolist() for ids in remote._plan]
         both = set(sum(this_plan[-window:], [])) & set(sum(next_plan[:window], []))
         block_sizes = remote.stored.block_end - remote.stored.block_start
@@ -248,13 +248,34 @@ def test_blocks_the_fetch_process_cannot_give_are_fetched_here(converted_sets, p
     local = build_loader(spec(converted_sets["photos"]["webdataset"]))
     remote = build_loader(spec(url, cache_dir=tmp_path, cache_limit=1, fetch_size="64KiB"))
     assert_same(batches(local, 0)[:2], batches(remote, 0)[:2])
-    shared = remote.stored._shared
+    shared = remote.stored.blocks.shared
     shared.process.kill()
     shared.process.wait()
     before = remote.stored.source.store.requests
     assert_same(batches(local, 1), batches(remote, 1))
     assert remote.stored.source.store.requests > before       # fetched here
     assert not shared.alive
+
+
+def test_a_fetch_process_that_does_not_start_leaves_the_blocks_to_threads_here(converted_sets, photos_server,
+                                                                              tmp_path, monkeypatch, caplog):
+    """Where the fetch process cannot start, the split streams through memory all the same,
+    fetched by threads here, with one line saying so, and the batches are those of local disk."""
+    from pipeline.remote import block_sources
+
+    def no_process(*args, **options):
+        raise OSError("no process for the test")
+    monkeypatch.setattr(block_sources, "SharedBlocks", no_process)
+    local = build_loader(spec(converted_sets["photos"]["webdataset"]))
+    remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=tmp_path, cache_limit=1,
+                               fetch_size="64KiB"))
+    with caplog.at_level("WARNING", logger="pipeline.remote.block_sources"):
+        for epoch in (0, 1):
+            assert_same(batches(local, epoch), batches(remote, epoch))
+    assert remote.stored.in_memory and not hasattr(remote.stored.blocks, "shared")
+    said = [record.getMessage() for record in caplog.records if "did not start" in record.getMessage()]
+    assert len(said) == 1 and "no process for the test" in said[0], said
+    assert not list(tmp_path.rglob(f"*{BLOCK_SUFFIX}"))
 
 
 def test_a_block_larger_than_the_fetch_process_slots_is_fetched_ahead_here(photos_server, tmp_path):
@@ -272,13 +293,13 @@ def test_a_block_larger_than_the_fetch_process_slots_is_fetched_ahead_here(photo
     soon = {block for block in oversized if first_use[block] <= 3}
     assert soon, "the test set needs a sample larger than 64 KiB in its first batches"
     stored.read_ahead(plan, 0)
-    assert stored._shared is not None and not stored._shared.planned[list(soon)].any()
-    memory = stored._memory._blocks
+    assert stored.blocks.shared is not None and not stored.blocks.shared.planned[list(soon)].any()
+    memory = stored.blocks.memory._blocks
     wait_for(lambda: all(block in memory and memory[block].filled for block in soon))
     batch = plan[max(first_use[block] for block in soon)]
     # and the fetch process's blocks of that batch: one it has not begun within its patience (a
     # starved process on a loaded machine) would be fetched here, as it should, and counted below
-    shared = stored._shared
+    shared = stored.blocks.shared
     theirs = [block for block in set(stored.block_of[batch].tolist()) - soon if shared.planned[block]]
     wait_for(lambda: (shared.state[theirs] >= 0).all())
     requests = stored.source.store.requests       # fetches here; the fetch process's are added as batches are handed out
@@ -518,7 +539,7 @@ def test_dali_from_a_url_reads_through_the_same_fetcher(converted_sets, photos_s
     assert streamed.stored.in_memory
     for epoch in (0, 1):
         assert_same(batches(local, epoch), batches(streamed, epoch))
-    assert streamed.stored._shared.alive
+    assert streamed.stored.blocks.shared.alive
     split_bytes = int(np.subtract(*sample_spans(streamed.stored.members)[::-1]).sum())
     fetched = streamed.stored.source.store.bytes_read
     assert fetched > 1.5 * split_bytes      # each epoch streamed again: nothing kept on disk

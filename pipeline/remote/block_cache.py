@@ -1,6 +1,6 @@
 """A bounded cache of immutable blocks on local disk, shared by every process of a node.
 
-The remote readers keep what they fetch here (`pipeline/remote/shards.py`), so a later epoch
+The remote readers keep what they fetch here (`pipeline/remote/block_sources.py`), so a later epoch
 reads a block from disk where the data fits. Each block is a file written under a temporary
 name and renamed into place, so a reader never sees a torn one. Fetching a block takes an
 exclusive `flock` on one of `LOCK_STRIPES` lock files chosen by the block's name: two
@@ -16,7 +16,7 @@ lowers the limit below what the cache holds, with one line saying so, and evicts
 a block that still finds no room is handed to its reader in memory (a memfd) and not kept. A run
 thus goes on, at the cost of fetching again what it could not keep. `room` says beforehand what the
 disk can take, so that a split it cannot hold streams through memory from the start
-(`pipeline/remote/shards.py`).
+(`pipeline/remote/block_sources.py`).
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The blocks of a split larger than the node's cache, held in memory only while the epoch's
-plan still needs them (`pipeline/remote/shards.py` streams such a split through here).
+"""The blocks of a split larger than the node's cache, held in the loader's own memory only while
+the epoch's plan still needs them, fetched by threads here: one of the places a block lives
+(`pipeline/remote/block_sources.py`), and where the fetch process's blocks come from should it not
+give them.
 
 On disk such a split's blocks would each be written, read back and evicted before an epoch
 came back to them: a copy into the page cache and one out of it for nothing. Here a block is
@@ -11,9 +13,7 @@ the second waits for the first.
 
 A response is copied once into a buffer of this store's own, reused from block to block: the
 client library's buffers, freed by other threads than made them and held for different
-times, would otherwise fragment the heap until the process grew past what it holds by
-hundreds of MiB (photos-large, five epochs: about 790 MiB throughout with the copy; 723 MiB
-growing to 883 MiB without).
+times, would otherwise fragment the heap until the process grew well past what it holds.
 """
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ from typing import Callable
 
 import numpy as np
 
+from pipeline.remote.block_plan import BlockPlan, BlockReads
+from pipeline.remote.read_ahead import ReadsAhead
+
 
 @dataclass
 class _Block:
@@ -37,14 +40,20 @@ class _Block:
     filled: bool = False        # ready, without a Future's lock: read per block, per batch
 
 
-class MemoryBlocks:
-    """Fetched blocks by number. `most_bytes` bounds what is kept when no plan says when a
-    block is done with (reads outside an epoch's plan): past it, the least recently used
+class MemoryBlocks(ReadsAhead):
+    """Fetched blocks by number. The read-ahead's bytes bound what is kept when no plan says when
+    a block is done with (reads outside an epoch's plan): past them, the least recently used
     blocks that no reader holds are let go."""
 
-    def __init__(self, most_bytes: int, buffer_bytes: int):
-        self.most_bytes = most_bytes
-        self.buffer_bytes = buffer_bytes        # a block's usual most; a larger one gets a buffer of its own
+    in_memory = True
+
+    def __init__(self, blocks: BlockPlan, fetch: Callable[[int], memoryview],
+                 then: Callable[[MemoryBlocks], object] | None = None):
+        """fetch(block): its bytes; then(self), where given: the source that takes over at the
+        first plan (the fetch process, its slots sized from that plan), this one serving it."""
+        self.blocks, self._fetch, self._then = blocks, fetch, then
+        self.most_bytes = blocks.ahead_bytes
+        self.buffer_bytes = blocks.block_bytes  # a block's usual most; a larger one gets a buffer of its own
         self._free_buffers: list[np.ndarray] = []
         self.bytes_held = 0
         self.peak_bytes = 0
@@ -55,14 +64,33 @@ class MemoryBlocks:
         self._unplanned: dict[int, None] = {}
         self._lock = threading.Lock()
 
-    def plan(self, last_use: dict[int, int]) -> None:
-        """The epoch's plan from here on: per block, the last batch index that reads it. Blocks
-        it does not read are let go now."""
+    def read_ahead(self, plan: list[np.ndarray], start: int, following=None):
+        """Plans the epoch from batch `start` on and fetches its blocks ahead; returns the source
+        to read from now on: this one, or at the first plan the one `then` makes."""
+        self.stop_read_ahead()
+        if self._then is not None:
+            then, self._then = self._then, None
+            return then(self).read_ahead(plan, start, following)
+        self.plan_epoch(plan, start)
+        self.fetch_ahead(plan, start, following)
+        return self
+
+    def fetch_ahead(self, plan: list[np.ndarray], start: int, following=None, only: set[int] | None = None) -> None:
+        """Fetches the blocks of plan[start:] (those in `only`, where given) ahead by threads, and
+        those the next epoch reads first."""
+        self._read_ahead(self.blocks, plan, start, following, self.prefetch, keep=self.extend_plan, only=only)
+
+    def plan_epoch(self, plan: list[np.ndarray], start: int) -> np.ndarray:
+        """The epoch's plan from batch `start` on: blocks it does not read are let go now, the
+        others once past their last batch. Returns its blocks in the order of their first use."""
+        order, _, last = self.blocks.uses(plan[start:], start)
+        last_use = dict(zip(order.tolist(), last.tolist()))
         with self._lock:
             self._last_use = last_use
             for block in [b for b, held in self._blocks.items() if b not in last_use and not held.holders]:
                 self._drop(block)
             self._unplanned = {block: None for block in self._blocks if block not in last_use}
+        return order
 
     def extend_plan(self, last_use: dict[int, int]) -> None:
         """More of the plan (the next epoch's, its batch indices counted on from this one's)."""
@@ -73,39 +101,53 @@ class MemoryBlocks:
 
     def consumed(self, batch_index: int) -> None:
         """Batches up to `batch_index` are made: the blocks only they read are let go."""
+        super().consumed(batch_index)
         with self._lock:
             for block in [b for b, held in self._blocks.items()
                           if not held.holders and self._last_use.get(b, batch_index + 1) <= batch_index]:
                 self._drop(block)
 
-    def prefetch(self, block: int, fetch: Callable[[], memoryview]) -> None:
+    def prefetch(self, block: int) -> None:
         """Fetches a block the plan will read, unless it is here or on its way."""
-        self._unhold([self._acquire(block, fetch)])
+        self._unhold([self._acquire(block)])
 
     @contextmanager
-    def held(self, wanted: list[tuple[int, Callable[[], memoryview]]]):
-        """The memory addresses of the (block, fetch) wanted, fetched where need be and kept
-        while the context lasts, with the buffers holding them."""
+    def held(self, reads: BlockReads):
+        """(fds, addresses) of the blocks read, fetched where need be and kept while the context
+        lasts: no file, the memory holding each."""
+        with self.holding(reads.blocks.tolist()) as (addresses, _):
+            yield np.full(len(addresses), -1, np.int32), np.array(addresses, np.uint64)
+
+    def read(self, block: int, first: int, end: int) -> bytes:
+        """The bytes from `first` to `end` (offsets in its shard) of a block."""
+        with self.holding([block]) as (_, buffers):
+            base = int(self.blocks.block_start[block])
+            return bytes(buffers[0][first - base:end - base])
+
+    @contextmanager
+    def holding(self, blocks: list[int]):
+        """The memory addresses of the blocks, fetched where need be and kept while the context
+        lasts, with the buffers holding them."""
         entries = []
         try:
             with self._lock:        # a batch's blocks are mostly here already: held under one lock
-                for block, _ in wanted:
+                for block in blocks:
                     entry = self._blocks.get(block)
                     entries.append(self._hold(block, entry) if entry is not None and entry.filled else None)
-            for i, (block, fetch) in enumerate(wanted):
+            for i, block in enumerate(blocks):
                 if entries[i] is None:
-                    entries[i] = self._acquire(block, fetch)
+                    entries[i] = self._acquire(block)
             yield [entry.address for entry in entries], [entry.data for entry in entries]
         finally:
             self._unhold([entry for entry in entries if entry is not None])
 
-    def _acquire(self, block: int, fetch) -> _Block:
+    def _acquire(self, block: int) -> _Block:
         """The block, fetched here or by another thread, held once more."""
         for attempt in (0, 1):
             entry, fetching = self._entry(block)
             try:
                 if fetching:
-                    self._fill(block, entry, fetch)
+                    self._fill(block, entry)
                 elif not entry.filled:
                     entry.ready.result()
                 return entry
@@ -139,9 +181,9 @@ class MemoryBlocks:
         entry.holders += 1
         return entry
 
-    def _fill(self, block: int, entry: _Block, fetch) -> None:
+    def _fill(self, block: int, entry: _Block) -> None:
         try:
-            data = fetch()
+            data = self._fetch(block)
         except BaseException as error:
             with self._lock:                    # the next reader tries again
                 if self._blocks.get(block) is entry:
@@ -183,3 +225,6 @@ class MemoryBlocks:
         with self._lock:
             for block in [b for b, held in self._blocks.items() if not held.holders]:
                 self._drop(block)
+
+    def close(self) -> None:
+        self.stop_read_ahead()
