@@ -33,6 +33,14 @@ def main_py(*args, timeout=120) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=ROOT)
 
 
+def main_in_process(capsys, *args) -> tuple[int, str]:
+    """training/main.py's `main` called in this process, for what needs no process of its own (a
+    config or dataset error, met before any rank starts training): its exit code and stderr."""
+    from training.main import main
+    code = main([str(arg) for arg in args])
+    return code, capsys.readouterr().err
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT, TOOLS, run_tool
+from runs import main_in_process
 
 from training.step_stream import StepStream
 
@@ -101,7 +102,7 @@ def test_one_setting_is_not_a_comparison():
     assert result.returncode == 2 and "give 2 to 26 --setting options, got 1" in result.stderr
 
 
-def test_the_step_stream_is_a_gpu_setting(tmp_path):
+def test_the_step_stream_is_a_gpu_setting(tmp_path, capsys):
     """`default` makes no stream and runs the block as it is; anything else on a CPU is refused, in the
     trainer as a one-line config error naming the key."""
     stream, ran = StepStream(torch.device("cpu")), []
@@ -110,11 +111,9 @@ def test_the_step_stream_is_a_gpu_setting(tmp_path):
     assert stream.stream is None and ran == [True]
     with pytest.raises(ValueError, match="step_stream must be one of default, high_priority"):
         StepStream(torch.device("cpu"), "high")
-    result = subprocess.run([sys.executable, str(ROOT / "training" / "main.py"), "device=cpu", "data.backend=synthetic",
-                             "data.num_classes=4", "data.synthetic_size=32", "data.batch_size=8", "data.resolution=16",
-                             "model.name=small_resnet", "step_stream=high_priority", f"run_dir={tmp_path / 'run'}"],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.strip() == ("error: step_stream=high_priority needs CUDA (streams are a GPU's); "
-                                     "this run is on cpu")
+    code, stderr = main_in_process(capsys, "device=cpu", "data.backend=synthetic", "data.num_classes=4",
+                                   "data.synthetic_size=32", "data.batch_size=8", "data.resolution=16",
+                                   "model.name=small_resnet", "step_stream=high_priority", f"run_dir={tmp_path / 'run'}")
+    assert code == 2, stderr[-2000:]
+    assert stderr.strip() == "error: step_stream=high_priority needs CUDA (streams are a GPU's); this run is on cpu"
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())

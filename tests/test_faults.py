@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import fill, run_tool
-from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, assert_ends_alike, children, rank_of, read_jsonl,
-                  tiny_run, torchrun_2, wait_until)
+from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, assert_ends_alike, children, main_in_process, rank_of,
+                  read_jsonl, tiny_run, torchrun_2, wait_until)
 
 SYNTHETIC = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=8",
              "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
@@ -159,16 +159,16 @@ def test_a_worker_sigkilled_under_max_restarts_is_restarted_and_ends_as_if_never
 
 # --- unwritable and full places ---------------------------------------------------------------
 @pytest.mark.parametrize("place", ["read-only file system", "a file in the way"])
-def test_a_run_dir_that_cannot_be_written_is_one_line_and_exit_2(place, tmpfs, tmp_path):
+def test_a_run_dir_that_cannot_be_written_is_one_line_and_exit_2(place, tmpfs, tmp_path, capsys):
     if place == "a file in the way":
         (tmp_path / "taken").write_text("a file")
         run_dir, cause = tmp_path / "taken" / "run", "Not a directory"
     else:
         run_dir, cause = tmpfs("ro", "1m", read_only=True) / "run", "Read-only file system"
-    result = subprocess.run([sys.executable, str(MAIN), "--config", str(RECIPE), *SYNTHETIC, "max_duration=1ep",
-                             f"run_dir={run_dir}"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert result.returncode == 2
-    line = one_error_line(result.stderr)
+    # met before training starts: training/main.py's `main` in this process says it as a run would
+    code, stderr = main_in_process(capsys, "--config", RECIPE, *SYNTHETIC, "max_duration=1ep", f"run_dir={run_dir}")
+    assert code == 2
+    line = one_error_line(stderr)
     assert f"run_dir {run_dir}" in line and cause in line
 
 

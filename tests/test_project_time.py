@@ -97,7 +97,7 @@ def test_a_real_diagnose_json_is_projected_and_the_figures_written(sample_sets, 
     ("same_side", "same_side.json: side 176 is measured in"),
     ("one_side", "only side 176 is measured: measure two or more sides"),
 ])
-def test_bad_measurements_are_one_line_and_exit_2(tmp_path, case, expected):
+def test_bad_measurements_are_one_line_and_exit_2(tmp_path, case, expected, capsys):
     good = measurement(tmp_path / "good.json", 176, 4000.0)
     path = tmp_path / f"{case}.json"
     if case == "not_json":
@@ -109,6 +109,7 @@ def test_bad_measurements_are_one_line_and_exit_2(tmp_path, case, expected):
     elif case == "same_side":
         measurement(path, 176, 3000.0)
     files = [good] if case == "one_side" else [good, path]
-    result = run_tool("project_time.py", "--config", MILD, "--measured", *files, timeout=120)
-    assert result.returncode == 2 and result.stdout == ""
-    assert len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr, result.stderr
+    code = project_time.main(["--config", MILD, "--measured", *map(str, files)])   # in this process: no run starts
+    printed = capsys.readouterr()
+    assert code == 2 and printed.out == ""
+    assert len(printed.err.strip().splitlines()) == 1 and expected in printed.err, printed.err

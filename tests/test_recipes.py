@@ -20,23 +20,29 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(path for path in (ROOT / "algorithms" / "recipes").glob("*.yaml") if path.stem not in SWEPT_RECIPES)
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=[path.stem for path in RECIPES])
-def test_recipe_runs_two_epochs_under_torchrun(recipe, converted_sets, tmp_path):
-    settings = load_recipe(recipe)
-    small = settings.get("model", {}).get("name") == "small_resnet"
-    overrides = ["max_duration=2ep", "data.backend=folder", f"data.path={converted_sets['fashion']['folder']}",
-                 "data.batch_size=16", "data.num_workers=1", "log.progress=false", "log.tensorboard=false",
-                 "precision=fp32", "checkpoint.interval=2ep", f"run_dir={tmp_path}",
-                 *(["model.width=4", "model.blocks_per_stage=1"] if small else
-                   ["data.resolution=32", "data.val_resolution=32"])]    # ResNet-50 on CPU: keep it small
+def overrides_for(recipe: Path, data: Path) -> list[str]:
+    small = load_recipe(recipe).get("model", {}).get("name") == "small_resnet"
+    return ["max_duration=2ep", "data.backend=folder", f"data.path={data}", "data.batch_size=16",
+            "data.num_workers=1", "log.progress=false", "log.tensorboard=false", "precision=fp32",
+            "checkpoint.interval=2ep",
+            *(["model.width=4", "model.blocks_per_stage=1"] if small else
+              ["data.resolution=32", "data.val_resolution=32"])]    # ResNet-50 on CPU: keep it small
+
+
+@pytest.mark.timeout(600)
+def test_every_recipe_runs_two_epochs_under_torchrun(converted_sets, tmp_path):
+    """One launch trains them all in turn (tests/recipes_run.py): each run is its own Trainer, as
+    training/main.py builds it, on the same two ranks."""
+    overrides = {recipe.stem: overrides_for(recipe, converted_sets["fashion"]["folder"]) for recipe in RECIPES}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(ROOT / "training" / "main.py"), "--config", str(recipe), *overrides],
-                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+                             str(ROOT / "tests" / "recipes_run.py"), str(tmp_path), json.dumps(overrides),
+                             *map(str, RECIPES)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["world_size"] == 2 and math.isfinite(summary["last_val_top1"])
-    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    assert list(saved["algorithms"]) == list(settings.get("algorithms", {}))
+    for recipe in RECIPES:
+        summary = json.loads((tmp_path / recipe.stem / "summary.json").read_text())
+        assert summary["world_size"] == 2 and math.isfinite(summary["last_val_top1"]), recipe.stem
+        saved = yaml.safe_load((tmp_path / recipe.stem / "config.yaml").read_text())
+        assert list(saved["algorithms"]) == list(load_recipe(recipe).get("algorithms", {})), recipe.stem
 
 
 def _leaves(mapping: dict, prefix: str = ""):

@@ -1,5 +1,6 @@
-"""`training/main.py` as users run it: config errors, the run directory, multi-node rendezvous,
-and exact resume after SIGKILL of a real 2-process torchrun (gloo, CPU)."""
+"""`training/main.py` as users run it: config errors (its `main` in this process: they need no
+process of their own), the run directory, multi-node rendezvous, and exact resume after SIGKILL
+of a real 2-process torchrun (gloo, CPU)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import pytest
 import yaml
 
 from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, TORCHRUN, assert_ends_alike, free_port, kill_tree,
-                  main_py, read_jsonl, tiny_run, torchrun_2, wait_until)
+                  main_in_process, main_py, read_jsonl, tiny_run, torchrun_2, wait_until)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -22,26 +23,27 @@ from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, TORCHRUN, assert_en
     (["data.path=/no/such/dir"], "/no/such/dir: no such directory"),
     (["algorithms.mixupp={}"], "unknown algorithm 'mixupp'"),
 ])
-def test_config_errors_are_one_line_and_exit_2(overrides, message, tmp_path):
-    result = main_py("--config", RECIPE, f"run_dir={tmp_path / 'run'}", *overrides)
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr  # one line
-    assert message in result.stderr and "Traceback" not in result.stderr
+def test_config_errors_are_one_line_and_exit_2(overrides, message, tmp_path, capsys):
+    code, stderr = main_in_process(capsys, "--config", RECIPE, f"run_dir={tmp_path / 'run'}", *overrides)
+    assert code == 2, stderr
+    assert stderr.strip().splitlines() == [stderr.strip()], stderr  # one line
+    assert message in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "run").exists()
 
 
-def test_missing_recipe_file_exits_2(tmp_path):
-    result = main_py("--config", tmp_path / "nope.yaml")
-    assert result.returncode == 2 and "nope.yaml" in result.stderr and "Traceback" not in result.stderr
+def test_missing_recipe_file_exits_2(tmp_path, capsys):
+    code, stderr = main_in_process(capsys, "--config", tmp_path / "nope.yaml")
+    assert code == 2 and "nope.yaml" in stderr and "Traceback" not in stderr
 
 
 @pytest.mark.parametrize("base, message", [("gone", "base recipe 'gone' not found"),
                                            ("loop", "recipe bases form a cycle")])
-def test_a_missing_base_or_a_cycle_exits_2_in_one_line(base, message, tmp_path):
+def test_a_missing_base_or_a_cycle_exits_2_in_one_line(base, message, tmp_path, capsys):
     (tmp_path / "loop.yaml").write_text("base: recipe\n")
     (tmp_path / "recipe.yaml").write_text(f"base: {base}\nseed: 3\n")
-    result = main_py("--config", tmp_path / "recipe.yaml", f"run_dir={tmp_path / 'run'}")
-    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr
+    code, stderr = main_in_process(capsys, "--config", tmp_path / "recipe.yaml", f"run_dir={tmp_path / 'run'}")
+    assert code == 2 and stderr.strip().count("\n") == 0, stderr
+    assert message in stderr and "Traceback" not in stderr
 
 
 def test_multi_node_rendezvous_and_run_directory(sample_sets, tmp_path):
