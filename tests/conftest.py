@@ -24,8 +24,7 @@ import pytest
 from suite_timeouts import pytest_runtest_logreport, pytest_timeout_set_timer  # noqa: F401 (pytest's hooks)
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ROOT / "tools"
-sys.path.insert(0, str(TOOLS))
+TOOLS = ROOT / "tools"            # on the path through pytest's `pythonpath` setting (pyproject.toml)
 
 
 def batch_recorder(event):

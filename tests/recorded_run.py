@@ -8,8 +8,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from algorithms.base import Algorithm, Event  # noqa: E402
 from training import main as entry  # noqa: E402
 from training import run  # noqa: E402

@@ -17,8 +17,7 @@ import pytest
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import append_results, results_path, slug  # noqa: E402
+from benchmarks.hardware import append_results, results_path, slug
 
 MODEL_KEYS = {"benchmark", "model", "resolution", "precision", "channels_last", "compile", "step", "batch_size",
               "device", "img_per_s", "threads", "hardware", "versions", "commit", "date"}

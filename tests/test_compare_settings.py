@@ -79,7 +79,6 @@ def test_a_run_killed_after_its_first_round_leaves_that_round_and_says_it_was_cu
         process.wait(timeout=60)
     assert len(saved["rounds"]) == 1 and saved["rounds_planned"] == 3 and saved["recipe"] == str(RECIPE), saved
     assert [s["loader"]["num_workers"] for s in saved["settings"]] == [0, 1]
-    sys.path.insert(0, str(TOOLS))
     import compare_settings
     assert "cut short: 1 of 3 rounds finished" in compare_settings.report(saved)
     assert json.loads(out.read_text()) == saved                 # the kill lost nothing written

@@ -253,7 +253,7 @@ def test_a_worker_death_signalled_while_exiting_does_not_follow_the_line_with_a_
     """The race behind one failure of the test above: torch's SIGCHLD handler raised while exit_now
     was printing its line. Here a handler that raises as torch's does is installed, and a SIGCHLD
     arrives while exit_now flushes stdout: the line alone comes out, and the exit code."""
-    code = (f"import os, signal, sys; sys.path.insert(0, {str(ROOT)!r}); from training import main\n"
+    code = ("import os, signal, sys; from training import main\n"
             "def handler(*_): raise RuntimeError('DataLoader worker (pid 1) is killed by signal: Killed.')\n"
             "signal.signal(signal.SIGCHLD, handler)\n"
             "class Stdout:\n"

@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import gpu_bundle  # noqa: E402
-import gpu_bundle_install  # noqa: E402
+import gpu_bundle
+import gpu_bundle_install
 
 CHUNK_BYTES = 4096          # several chunks per group, as DALI's 144 MiB makes at the default --chunk-mib
 
@@ -117,10 +116,10 @@ def test_the_chunks_install_into_a_site_that_env_sh_makes_importable(bundle, tmp
     assert again.returncode == 0 and "base: already installed" in again.stderr, again.stderr
 
     # with env.sh sourced, site's own copies are on the path: they do not count as the node's
-    probe = ("import sys; from pathlib import Path; sys.path.insert(0, 'tools'); import gpu_bundle_install; "
+    probe = ("from pathlib import Path; import gpu_bundle_install; "
              f"print(*(gpu_bundle_install.node_has(Path(n), Path('{site}')) for n in "
              "('probe_base-1.0-py3-none-any.whl', 'pytest-0.0.1-py3-none-any.whl')))")
-    result = subprocess.run(["bash", "-c", f"source {site}/env.sh && {sys.executable} -c \"{probe}\""],
+    result = subprocess.run(["bash", "-c", f"source {site}/env.sh && PYTHONPATH=tools:$PYTHONPATH {sys.executable} -c \"{probe}\""],
                             capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.stdout.split() == ["False", "True"], result.stderr[-2000:]
 

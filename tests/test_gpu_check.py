@@ -12,9 +12,8 @@ import pytest
 
 from conftest import ROOT, TOOLS
 
-sys.path.insert(0, str(ROOT))
-import gpu_check  # noqa: E402  (tools/ is on sys.path through conftest)
-from benchmarks.hardware import append_results  # noqa: E402
+import gpu_check
+from benchmarks.hardware import append_results
 
 H100 = {"cpu_model": "Test Xeon", "cpu_cores": 16, "ram_gb": 128, "gpu_model": "NVIDIA H100", "gpu_count": 1,
         "driver": "580", "instance_type": ""}

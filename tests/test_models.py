@@ -201,8 +201,7 @@ def test_gradients_match_a_float64_reference(name, width, blur, channels_last):
 
 
 AVX2_CHECK = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
+import json
 from test_models import GRADIENT_CASES, worst_gradient_error
 errors = {f"{name}-{width}-{blur}-{layout}": worst_gradient_error(name, width, blur, layout == "cl")
           for name, width, blur in GRADIENT_CASES if name == "small_resnet" for layout in ("cl", "nchw")}
@@ -214,8 +213,9 @@ def test_no_model_reaches_onednn_avx2_strided_1x1_weight_gradient():
     """Under ONEDNN_MAX_CPU_ISA=AVX2 (any x86-64 CPU then runs oneDNN's AVX2 kernels), oneDNN's own
     log of every primitive shows no strided 1x1 conv's weight gradient with fewer than 8 input
     channels (the defective shape), and the small models' gradients still match float64."""
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ONEDNN_VERBOSE": "1"}
-    result = subprocess.run([sys.executable, "-c", AVX2_CHECK, str(Path(__file__).parent)], env=env,
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ONEDNN_VERBOSE": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", AVX2_CHECK], env=env,
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stdout

@@ -4,16 +4,14 @@ that writes nothing."""
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 from PIL import Image
 
 from algorithms.progressive_resizing import ProgressiveResizing
-from conftest import TOOLS, run_tool, run_tool_without, tiny_trainer
+from conftest import run_tool, run_tool_without, tiny_trainer
 
-sys.path.insert(0, str(TOOLS))
-import plot_run  # noqa: E402
+import plot_run
 
 FIRST_TWO_COLORS = [(0x1f, 0x77, 0xb4), (0xff, 0x7f, 0x0e)]     # matplotlib's C0 and C1
 

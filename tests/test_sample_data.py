@@ -17,10 +17,9 @@ import pytest
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import debian_packages  # noqa: E402
-import generated_set  # noqa: E402
-import make_sample_data as msd  # noqa: E402
+import debian_packages
+import generated_set
+import make_sample_data as msd
 
 LIMIT = 2
 
