@@ -56,16 +56,18 @@ def test_a_stage_past_its_limit_is_killed_and_each_outcome_named(tmp_path):
     assert gpu_check.run_stage("fine", [([sys.executable, "-c", "print(1)"], 60)], tmp_path)["status"] == "ok"
 
 
-def test_no_command_runs_past_the_deadline_and_the_next_is_not_started(tmp_path):
+def test_no_command_runs_past_the_deadline_and_the_next_is_not_started(tmp_path, monkeypatch):
     # On a node you have until a given time, a command still running then is cut, so that the
-    # report is written before the node goes.
+    # report is written before the node goes. The least time a command needs, scaled down: the
+    # test waits out the deadline.
+    monkeypatch.setattr(gpu_check, "MIN_COMMAND_SECONDS", 2)
     started = tmp_path / "started"
     second = [sys.executable, "-c", f"open({str(started)!r}, 'w').close()"]     # leaves a file if it runs
-    cut = gpu_check.run_stage("hang", [(HANG, 300), (second, 300)], tmp_path, deadline=time.time() + 13)
-    assert cut["status"] == "timeout (-c after 13 s (the deadline))", cut
+    cut = gpu_check.run_stage("hang", [(HANG, 300), (second, 300)], tmp_path, deadline=time.time() + 4)
+    assert cut["status"] == "timeout (-c after 4 s (the deadline))", cut
     assert (tmp_path / "hang.log").read_text().count("$ ") == 1 and not started.exists()
-    late = gpu_check.run_stage("late", [(second, 300)], tmp_path, deadline=time.time() + 5)
-    assert late["status"] == "not run (the deadline was 5 s away)" and not started.exists()
+    late = gpu_check.run_stage("late", [(second, 300)], tmp_path, deadline=time.time() + 1)
+    assert late["status"] == "not run (the deadline was 1 s away)" and not started.exists()
     assert "$ " not in (tmp_path / "late.log").read_text()
 
 
