@@ -7,7 +7,7 @@ What we add to FFCV, and why:
   draw from numba's per-thread global RNG, which nothing seeds: their augmentations differ
   on every run and a resumed epoch could not repeat them. The epoch reaches the compiled
   code through a one-element array that the numba code reads by address at run time (globals
-  and closure values are frozen into numba code when it compiles, and recompiling costs ~5 s).
+  and closure values are frozen into numba code when it compiles, and recompiling costs seconds).
 - `_stop`: an epoch left mid-way ends FFCV's epoch thread, which would otherwise run on.
 - Our traversal order (`pipeline.loader.sharding`) in place of FFCV's: its `distributed=True`
   pads like DistributedSampler, so a val epoch would count some samples twice. The order
@@ -66,8 +66,8 @@ def _read_int64(typing_context, address):
 
 def _mirror(image):
     """Flip an HxWxC image left to right in place. Element by element: an array slice assignment
-    makes numba compile the code that formats its shape-mismatch error, 4.6 s of every process's
-    first batch on a 2-core AMD EPYC (AVX2)."""
+    makes numba compile the code that formats its shape-mismatch error, seconds of every process's
+    first batch."""
     width, channels = image.shape[1], image.shape[2]
     for y in range(image.shape[0]):
         row = image[y]

@@ -154,7 +154,7 @@ class Loader:
 
     def _to_device_labels(self, labels: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cuda" and labels.device.type == "cpu" and not labels.is_pinned():
-            # From pageable memory a "non-blocking" copy blocks (seen on an H100 under the profiler);
+            # From pageable memory a "non-blocking" copy blocks;
             # the type changes on the device, after the copy, so the pinned source is what moves.
             labels = labels.pin_memory()
         return labels.to(self.device, non_blocking=True).to(torch.int64).view(-1)

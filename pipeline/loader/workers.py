@@ -11,7 +11,7 @@ rank stops them itself.
 Workers that never start: Python before 3.12 can fork a child that waits forever in its first
 step (`PyOS_AfterFork_Child`), for a lock of the interpreter that another thread of the parent
 held at the moment of the fork (CPython gh-112275). Its DataLoader would then wait for it
-forever: seen twice in 150 pairs of 2-rank gloo runs side by side on a 2-core machine. So each
+forever, rarely but for good on a busy machine. So each
 worker reports its start (`prepare_worker`), and a loader whose workers have not all reported
 within START_PATIENCE_S stops them and starts them again, with one line saying so; the random
 state is put back, so the run is the one it would have been.
@@ -82,7 +82,7 @@ class _WorkersStopWhenFreed(DataLoader):
     torch stops them from its iterator's __del__. When the garbage collector frees a DataLoader
     (it sat in a reference cycle: a trainer's, or an exception's traceback), those __del__ run in
     no set order, the stop message never reaches the workers, and each one sits out torch's 5 s
-    join timeout (seen: 10 s for 2 workers, against 0.1 s when freed by its last reference).
+    join timeout.
     A weakref finalizer runs before the collector touches anything, so the stop gets through."""
 
     def _get_iterator(self):
