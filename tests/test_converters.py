@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import re
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -197,17 +198,27 @@ def test_strict_fails_when_anything_was_skipped(script, bad_source, tmp_path):
     assert clean.returncode == 0, clean.stderr
 
 
+def command_in_process(script: str, caplog, *args) -> tuple[int, list[str]]:
+    """The converter's command line called in this process, for what is refused before any image
+    is read: its exit code and the lines it logged (main_guard shows them on stderr, one a line)."""
+    command = importlib.import_module(f"pipeline.convert.{script.removeprefix('convert_').removesuffix('.py')}").command
+    caplog.clear()
+    with pytest.raises(SystemExit) as exited:
+        command([str(arg) for arg in args])
+    return exited.value.code, [line for record in caplog.records for line in record.getMessage().splitlines()]
+
+
 @pytest.mark.parametrize("script", CONVERTERS)
-def test_missing_or_empty_source_is_a_one_line_error(script, tmp_path):
+def test_missing_or_empty_source_is_a_one_line_error(script, tmp_path, caplog):
+    caplog.set_level("INFO")
     for src in (tmp_path / "missing", tmp_path / "empty"):
         (tmp_path / "empty").mkdir(exist_ok=True)
-        result = run_tool(script, src, tmp_path / "out")
-        assert result.returncode == 2
-        assert result.stderr.count("\n") == 1 and str(src) in result.stderr, result.stderr
-        assert "Traceback" not in result.stderr
+        code, lines = command_in_process(script, caplog, src, tmp_path / "out")
+        assert code == 2
+        assert len(lines) == 1 and str(src) in lines[0] and lines[0].startswith("error: "), lines
     (tmp_path / "layout/train/cat").mkdir(parents=True)
-    result = run_tool(script, tmp_path / "layout", tmp_path / "out")
-    assert result.returncode == 2 and "val" in result.stderr and result.stderr.count("\n") == 1
+    code, lines = command_in_process(script, caplog, tmp_path / "layout", tmp_path / "out")
+    assert code == 2 and len(lines) == 1 and "val" in lines[0], lines
 
 
 def tree_digest(folder: Path) -> dict[str, str]:

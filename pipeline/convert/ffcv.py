@@ -200,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     return run_conversion(args, "ffcv", ("ffcv", "numba"), convert_split)
 
 
-def command() -> None:
+def command(argv: list[str] | None = None) -> None:
     """The command line (tools/convert_ffcv.py, fastpipe-convert-ffcv): a conversion's error is one
     line on stderr and its exit code."""
-    main_guard(main)
+    main_guard(lambda: main(argv))
 
 
 if __name__ == "__main__":
