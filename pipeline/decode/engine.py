@@ -65,7 +65,8 @@ def load(flags: tuple[str, ...] = ("-march=native",), library: Path | None = Non
     library.engine_uniforms.argtypes = [ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p,
                                         ctypes.c_int]
     if library.engine_stages() != len(STAGES):
-        raise RuntimeError(f"{SOURCE.name} and {__name__} disagree on the stages; delete {library._name}")
+        raise RuntimeError(f"{SOURCE.name} has {library.engine_stages()} stages where {__name__}.STAGES names "
+                           f"{len(STAGES)}: make the two agree")
     return library
 
 
