@@ -33,11 +33,11 @@ test: setup
 # node whose Python already has the dependencies: make gpu-check PY=python3 SETUP=
 SETUP := setup
 gpu-check: $(SETUP)
-	@$(PY) tools/gpu_check.py
+	@PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) tools/gpu_check.py
 
 # What the GPU check needs on a GPU node without internet whose image has torch, packed here as
 # xz-compressed chunks of at most CHUNK_MIB MiB to carry there, and installed there with
-# `python3 tools/gpu_bundle.py install gpu-bundle` (tools/gpu_bundle.py). GPU_PYTHON: an
+# `PYTHONPATH=. python3 tools/gpu_bundle.py install gpu-bundle` (tools/gpu_bundle.py). GPU_PYTHON: an
 # interpreter of the node's Python version; CUDA: the major version of the node's torch build.
 GPU_PYTHON ?= python3.12
 CUDA ?= 13

@@ -221,3 +221,20 @@ def test_the_cycle_and_order_checks_fail_on_a_cycle_and_an_upward_import():
     assert cycles({"a": {"b"}, "b": set()}) == []
     assert unit("pipeline.remote.shards") == "remote" and unit("pipeline.spec") == "spec" and unit("pipeline") == "__init__"
     assert PIPELINE_ORDER.index("storage") < PIPELINE_ORDER.index("formats") < PIPELINE_ORDER.index("remote")
+
+
+SYS_PATH_EDIT = re.compile(r"\bsys\.path\.(?:insert|append|extend)\(|\bsys\.path\s*\+?=")
+
+
+def sys_path_edits(source: str) -> list[int]:
+    return [number for number, line in enumerate(source.splitlines(), 1) if SYS_PATH_EDIT.search(line)]
+
+
+def test_no_module_edits_sys_path():
+    """Imports resolve through the install (editable or wheel) or PYTHONPATH, never a path
+    the module splices in: such a module works from one folder and breaks once installed."""
+    sources = [path for folder in [*LAYERS, *ABOVE_ALL, "tests"] for path in (ROOT / folder).rglob("*.py")]
+    edits = {str(path.relative_to(ROOT)): lines for path in sources
+             if (lines := sys_path_edits(path.read_text()))}
+    assert not edits
+    assert sys_path_edits("import sys\nsys.path.insert(0, str(ROOT))\n") == [2]

@@ -9,8 +9,8 @@ however you carry files to the node; `install` (tools/gpu_bundle_install.py) set
 there with the node's own Python, a group at a time as its chunks arrive.
 
     python tools/gpu_bundle.py pack [OUT] [--python python3.12] [--cuda 13] [--chunk-mib 58]
-    python3 tools/gpu_bundle.py install DIR [--site /tmp/site]      (on the node, repository root)
-    source /tmp/site/env.sh                                           (then make gpu-check PY=python3 SETUP=)
+    PYTHONPATH=. python3 tools/gpu_bundle.py install DIR [--site /tmp/site]   (on the node, repository root)
+    source /tmp/site/env.sh                                              (then make gpu-check PY=python3 SETUP=)
 
 `pack` (default OUT: gpu-bundle/) makes two groups, each an xz-compressed tar cut into chunks,
 and MANIFEST.json with every chunk's size and sha256:
@@ -48,9 +48,8 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
-from gpu_bundle_install import (FORMAT, MANIFEST, BundleError, distribution, install,  # noqa: E402
+from pipeline.storage.atomic_files import write_bytes_atomic
+from gpu_bundle_install import (FORMAT, MANIFEST, BundleError, distribution, install,
                                 normalized, say, sha256)
 
 # What the node is taken to have: built against its own CUDA and Python, too big to carry.

@@ -1,7 +1,7 @@
 """On the GPU node: check the chunks of a tools/gpu_bundle.py bundle and install what is complete.
 
-    python3 tools/gpu_bundle.py install DIR [--site /tmp/site]      (in the repository root)
-    source /tmp/site/env.sh                                           (then make gpu-check PY=python3 SETUP=)
+    PYTHONPATH=. python3 tools/gpu_bundle.py install DIR [--site /tmp/site]   (in the repository root)
+    source /tmp/site/env.sh                                              (then make gpu-check PY=python3 SETUP=)
 
 Needs only the node's own Python. Checks whatever chunks DIR holds against MANIFEST.json and
 installs each complete group into SITE/<group> (pip --no-index --no-deps --target; a wheel
@@ -29,8 +29,7 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from pipeline.storage.atomic_files import replace_atomically, write_bytes_atomic  # noqa: E402
+from pipeline.storage.atomic_files import replace_atomically, write_bytes_atomic
 
 MANIFEST = "MANIFEST.json"
 KITS = ("jpeg-kit", "nginx-kit")     # unpacked Debian packages a group carries beside its wheels

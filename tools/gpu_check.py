@@ -60,10 +60,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.hardware import RESULTS, cpu_words, signature, slug  # noqa: E402
-from benchmarks.loaders import CONVERSIONS  # noqa: E402
-from pipeline.storage.atomic_files import write_bytes_atomic  # noqa: E402
+from benchmarks.hardware import RESULTS, cpu_words, signature, slug
+from benchmarks.loaders import CONVERSIONS
+from pipeline.storage.atomic_files import write_bytes_atomic
 
 PY = sys.executable
 LARGE = "data/sample/photos-large"
