@@ -120,7 +120,7 @@ def decode_bound(path: str, split: str, rounds: int = 3) -> dict:
         decoders.insert(0, "simplejpeg")
     except ImportError:
         pass
-    stored, cores = stored_jpegs(path, split), os.cpu_count() or 1
+    stored, cores = stored_jpegs(path, split), len(os.sched_getaffinity(0))   # pinned by --cores, else all
     rates = {}
     for form, jpegs in (("stored", stored), ("no markers", [without_markers(data) for data in stored])):
         for decoder in decoders:

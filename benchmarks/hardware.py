@@ -12,6 +12,7 @@ reads this machine's file there when a recipe names the folder (`data.measured_r
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from importlib import metadata
@@ -59,3 +60,38 @@ def append_results(rows: list[dict], hardware: dict, directory: Path = RESULTS) 
         for row in rows:
             results.write(json.dumps({**row, **context}) + "\n")
     return path
+
+
+def cpus_by_core(allowed: set[int] | None = None) -> list[int]:
+    """This process's CPUs, hyperthread siblings next to each other, so that the first N are
+    N vCPUs as a cloud counts them (on a node with SMT, N/2 cores and their siblings)."""
+    allowed = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
+    ordered: list[int] = []
+    for cpu in allowed:
+        if cpu in ordered:
+            continue
+        try:
+            siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text()
+            group = sorted(int(n) for n in parse_cpu_list(siblings) if n in allowed)
+        except OSError:
+            group = [cpu]
+        ordered += [n for n in group if n not in ordered]
+    return ordered
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,8' -> [0, 1, 2, 3, 8], as the kernel writes CPU lists."""
+    cpus = []
+    for part in text.strip().split(","):
+        low, _, high = part.partition("-")
+        cpus += range(int(low), int(high or low) + 1)
+    return cpus
+
+
+def pin_to_cpus(count: int) -> list[int]:
+    """Restricts this process, and the threads and processes it starts later, to `count` vCPUs."""
+    ordered = cpus_by_core()
+    if not 1 <= count <= len(ordered):
+        raise ValueError(f"cannot pin to {count} CPUs: this process may run on {len(ordered)}")
+    os.sched_setaffinity(0, ordered[:count])
+    return ordered[:count]

@@ -2,7 +2,7 @@
 bound and the loaders users write from FFCV's and DALI's examples.
 
     python benchmarks/loaders.py [--source data/sample/photos] [--backends ...] [--resolutions 160,128]
-                                 [--val-resolutions 224] [--workers 2] [--epochs 3] [--instance-type p4d.24xlarge]
+                                 [--val-resolutions 224] [--workers 2 | --cores 1,2,4] [--epochs 3] [--instance-type p4d.24xlarge]
                                  [--device cuda] [--hw-decoder-loads 0,0.65,1] [--remote http|s3|s3-nginx|gs-nginx|URL [--latency-ms 25 [--latency-in proxy|server]] [--remote-cache streamed|kept]]
 
 Data: the raw ImageNet-layout `--source` and its conversions, made (once; the converters skip
@@ -17,6 +17,12 @@ an up-to-date output) under `--cache`:
   at quality 90 (FFCV always re-encodes);
 - `ffcv-proportion`: FFCV's recommended storage, half the images as raw pixels and half as
   JPEG, max side 256 (near a 160-224 training size): its speed comes from the storage.
+`--cores 1,2,4`: how each loader scales with CPU cores. Each figure's process is pinned to that
+many vCPUs (hyperthread siblings together, as a cloud counts vCPUs: benchmarks/hardware.py),
+with as many workers (threads for DALI and the engine); every row records its `cores`, which
+tools/instance_cost.py reads as the loader's rate on an instance's vCPUs per GPU. Without it,
+a figure runs on all of this machine's CPUs, and records their count.
+
 Each figure runs in a fresh process (no backend pays for another's threads or memory): one
 warm-up epoch (worker start-up, FFCV's compilation), then `--epochs` timed epochs; the
 figure is the median epoch's img/s. Also recorded: the whole machine's CPU utilisation
@@ -60,7 +66,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 import numpy as np
 
-from benchmarks.hardware import RESULTS, append_results, cpu_words, signature
+from benchmarks.hardware import RESULTS, append_results, cpu_words, cpus_by_core, pin_to_cpus, signature
 from benchmarks.remote_sources import RemoteSource, cpu_seconds
 from pipeline.datasets import REMOTE_BACKENDS
 
@@ -136,6 +142,8 @@ def build(config: dict):
 
 def measure(config: dict) -> dict:
     """Runs in its own process: warm-up epoch, then timed epochs of one loader, or a bound."""
+    if config.get("cores"):
+        pin_to_cpus(config["cores"])            # before torch, DALI or a worker starts a thread
     import torch
     torch.set_num_threads(config["workers"])
     if config["kind"] in BOUNDS:
@@ -255,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resolutions", default="160", help="train resolutions, comma-separated")
     parser.add_argument("--val-resolutions", default="224")
     parser.add_argument("--workers", default="2", help="worker counts (threads for DALI), comma-separated")
+    parser.add_argument("--cores", help="vCPU counts to pin each figure to, comma-separated, with as many workers "
+                        "(instead of --workers): how each loader scales with cores")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs after the warm-up one")
     parser.add_argument("--instance-type", help="e.g. p4d.24xlarge, recorded with the hardware")
@@ -316,6 +326,10 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
     print(f"# {cpu_words(hardware)}, {hardware['cpu_cores']} cores, {hardware['gpu_count']} GPUs; batch "
           f"{args.batch_size}; median of {args.epochs} epochs after a warm-up")
     print(f"{'backend':<16} {'split':<5} {'res':>4} {'workers':>7} {'img/s':>7} {'x bound':>7} {'cpu':>5} {'MiB':>6}")
+    all_cpus = len(cpus_by_core())
+    # (vCPUs pinned to, workers): matched when scaling with cores, else the whole machine
+    placements = ([(cores, cores) for cores in map(int, args.cores.split(","))] if args.cores
+                  else [(all_cpus, workers) for workers in map(int, args.workers.split(","))])
     # DALI on CUDA once per hardware-decoder share asked for; everything else once
     on_gpu = args.device.startswith("cuda")
     variants = [(name, load, False) for name in backends
@@ -332,17 +346,18 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
     for split in args.splits.split(","):
         resolutions = args.resolutions if split == "train" else args.val_resolutions
         for resolution in map(int, resolutions.split(",")):
-            for workers in map(int, args.workers.split(",")):
+            for cores, workers in placements:
                 for name, hw_load, remote in variants:
                     label = (name if hw_load is None else f"{name}@hw{hw_load:g}") + ("@remote" if remote else "")
                     options = {**SPEC_OPTIONS.get(name, {}), **({} if hw_load is None else {"hw_decoder_load": hw_load})}
-                    if name in BOUNDS and (split, name) in bound:
-                        figures = bound[(split, name)]       # resolution-independent: measured once per split
+                    if name in BOUNDS and (split, name, cores) in bound:
+                        figures = bound[(split, name, cores)]    # resolution-independent: once per split and cores
                     else:
                         kind, form = (name, "wds") if name in BOUNDS else CONFIGURATIONS[name]
                         config = {"kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
                                   "options": options, "resolution": resolution, "workers": workers,
                                   "batch_size": args.batch_size, "epochs": args.epochs, "device": args.device,
+                                  "cores": cores if cores < all_cpus else None,
                                   "synthetic_size": 2300 if split == "train" else 575}
                         if remote:      # a cache of half the split, where every epoch streams, or one that keeps it
                             stored = split_bytes(forms[form][0], split)
@@ -360,8 +375,8 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                             continue
                         figures = json.loads(run.stdout.strip().splitlines()[-1])
                         if name in BOUNDS:
-                            bound[(split, name)] = figures
-                    reference = bound.get((split, "decode_bound"), {}).get("img_per_s")
+                            bound[(split, name, cores)] = figures
+                    reference = bound.get((split, "decode_bound", cores), {}).get("img_per_s")
                     share = figures["img_per_s"] / reference if reference else None
                     if remote and (name, split, resolution, workers) in local_figures:
                         local_rate = local_figures[(name, split, resolution, workers)]
@@ -388,7 +403,7 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                     # Written at once, so that an interrupted long run keeps what it measured.
                     path = append_results([{
                         "benchmark": "loaders", "backend": name + ("@remote" if remote else ""), "split": split, "resolution": resolution,
-                        "workers": workers if name != "decode_bound" else hardware["cpu_cores"],
+                        "workers": workers if name != "decode_bound" else cores, "cores": cores,
                         "batch_size": args.batch_size, "dataset": forms[form][1] if form else "synthetic",
                         "device": "cuda" if name == "gpu_decode_bound" else args.device, **options,
                         "share_of_decode_bound": share, **figures}], hardware, args.results_dir)

@@ -72,6 +72,9 @@ def test_the_wheel_installs_converts_and_trains_outside_the_repository(tmp_path,
     assert {path.name for path in (installed / "native").glob("*.[ch]")} >= {"decode_engine.c", "jpeg_roi.c",
                                                                                "sample_uniforms.c"}
     assert (site / "algorithms" / "recipes" / "fashion_baseline.yaml").is_file()
+    catalog = run([python, "-c", "from benchmarks.instance_catalog import load_catalog; "
+                                 "print(load_catalog()['p4d.24xlarge'].gpu_count)"], **options).stdout
+    assert catalog.strip() == "8" and (site / "benchmarks" / "catalog" / "published_rates.csv").is_file()
 
     assert "--backends" in run([env / "bin" / "fastpipe-benchmark-loaders", "--help"], **options).stdout
     run([env / "bin" / "fastpipe-convert-wds", sample_sets / "fashion", "wds", "--num-workers", 1], **options)

@@ -34,6 +34,10 @@ Stages, each a subprocess with its own time limit (a hang fails one stage, the r
   memory as a dataset larger than the cache is; the report checks each against 97% of local
   disk's share. Under `taskset -c 0-7` every stage sizes its workers to those 8 cores, and this
   one's figures are kept per core count;
+- scaling: the engine and DALI `mixed` at train 176 pinned to 2, 4, 8 and 16 vCPUs
+  (benchmarks/loaders.py --cores), then resnet50_mild's last epoch end to end (eager, the
+  engine) with the whole run pinned to 4, 8 and 16; the report sets each against what
+  tools/instance_cost.py projects from the curve and the model-bound rate (target: within 10%);
 - train: a short resnet50_mild run on photos-large (2 epochs, then resumed to a 3rd): the
   loss must fall and the resumed run must continue from the checkpoint;
 - report: a summary of all of it in RESULTS_DIR/report/gpu-check-<machine>.md, also printed.
@@ -60,7 +64,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from benchmarks.hardware import RESULTS, cpu_words, signature, slug
+from benchmarks.hardware import RESULTS, cpu_words, cpus_by_core, signature, slug
 from benchmarks.loaders import CONVERSIONS
 from pipeline.storage.atomic_files import write_bytes_atomic
 
@@ -74,7 +78,10 @@ PYTEST_SUMMARY = re.compile(r"^(\d+ (passed|failed|skipped|errors?)(, )?)+.* in 
 TEST_OUTCOME = re.compile(r"\b(PASSED|FAILED|SKIPPED|ERROR)\s+tests/\S+::(\S+)"
                           r"|tests/\S+::(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR)\b")
 STAGE_NAMES = ("tests", "data", "loaders", "models", "diagnose", "e2e", "e2e-variants", "e2e-compare", "e2e-remote",
-               "train", "report")
+               "scaling", "train", "report")
+# The loader's rate per vCPU count, and end to end with the whole run pinned to each of these
+SCALING_CORES = (4, 8, 16)
+SCALING_TARGET = 0.10       # a projection from the scaling curve and the model-bound rate within 10%
 # The target: end to end at 176 px (resnet50_mild's final side) reaches 95% of the
 # model's img/s alone, i.e. the loader costs the train step at most 5%.
 E2E_TARGET = 0.95
@@ -124,6 +131,16 @@ def stages(work: Path, results: Path) -> dict:
               "--setting", f"data.backend=webdataset data.path={served}",
               "--setting", f"data.backend=webdataset data.path={served} data.cache_limit={REMOTE_STREAMED_LIMIT}",
               "--json", str(work / f"e2e-remote-{cores}c.json")]
+    # How the loaders scale with vCPUs (benchmarks/loaders.py --cores), then resnet50_mild's last
+    # epoch end to end with the whole process pinned to 4, 8 and 16 of them, eager, fed by the engine.
+    pinned = [n for n in SCALING_CORES if n <= int(cores)]
+    curve = sorted({2, *pinned})
+    scaling = [([PY, "benchmarks/loaders.py", "--source", LARGE, "--device", "cuda", "--batch-size", "256",
+                 "--epochs", "1", "--results-dir", str(results), "--backends", "webdataset,dali-wds",
+                 "--splits", "train", "--resolutions", "176", "--cores", ",".join(map(str, curve))], 540)]
+    scaling += [(["taskset", "-c", ",".join(map(str, cpus_by_core()[:n])), *end_to_end, "--epoch", "35",
+                  "data.backend=webdataset", f"data.num_workers={n}", "--json", str(work / f"scaling-{n}c.json")], 240)
+                for n in pinned]
     short_run = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "training/main.py",
                  "--config", f"{RECIPES}/resnet50_mild.yaml", *on_large, "algorithms.scale_schedule.ratio=1.0",
                  "log.progress=false", "log.interval=20", f"run_dir={work / 'resnet50_mild'}"]
@@ -151,6 +168,7 @@ def stages(work: Path, results: Path) -> dict:
                          for name, extra in e2e_variants],
         "e2e-compare": [(compare, 540)],
         "e2e-remote": [(remote, 540)],
+        "scaling": scaling,
         "train": [([*short_run, "max_duration=2ep"], 300), ([*short_run, "max_duration=3ep"], 200)],
     }
 
@@ -234,6 +252,7 @@ def report(work: Path, results: Path, hardware: dict) -> str:
                       f"{figures['model_img_per_s']:,.0f}, together {figures['together_img_per_s']:,.0f}, waiting for "
                       f"data {figures['wait_share']:.0%} of the time. {figures['verdict_text']}"]
     lines += end_to_end_lines(work, results, machine) + compare_lines(work) + remote_lines(work)
+    lines += scaling_lines(work, results, hardware)
     run = work / "resnet50_mild"
     if (run / "metrics.jsonl").exists():
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -332,6 +351,46 @@ def remote_lines(work: Path) -> list[str]:
                 verdict = "met" if ratio >= REMOTE_TARGET else "not met"
                 lines.append(f"- {s['name']} ({changes}): {ratio:.3f}x local disk's share; "
                              f"the target is {REMOTE_TARGET:.2f}x: **{verdict}**.")
+    return lines
+
+
+def scaling_lines(work: Path, results: Path, hardware: dict) -> list[str]:
+    """The scaling stage: end to end at 176 px with 4, 8 and 16 vCPUs against what tools/instance_cost.py
+    predicts for them from this machine's loader curve and model-bound rate; the errors also go to
+    WORK/scaling-check.json."""
+    from benchmarks.measured_figures import LoaderRates, ModelRates, NoFigure, gpu_model, result_rows
+    measured = {n: json.loads(path.read_text()) for n in SCALING_CORES if (path := work / f"scaling-{n}c.json").exists()}
+    if not measured:
+        return []
+    mine = [row for row in result_rows(results) if row["_file"] == f"{slug(hardware)}.jsonl"]
+    loaders, models = LoaderRates(mine), ModelRates(mine)
+    gpu, cpu = gpu_model(hardware.get("gpu_model", "")), hardware["cpu_model"]
+    lines = ["", "## Scaling with vCPUs: end to end at 176 px against the projection", "",
+             "| vCPUs | measured img/s | projected (binds) | error | from the 2-vCPU figure alone | error |",
+             "|---|---|---|---|---|---|"]
+    checks = []
+    for n, figures in sorted(measured.items()):
+        actual = (figures.get("free_running") or figures)["together_img_per_s"]
+        try:
+            model = models.rate(gpu, "resnet50", "train", 176, "bf16", True, False).img_per_s
+            loader = loaders.rate(cpu, hardware.get("cpu_isa", ""), "webdataset", "train", 176, n).img_per_s
+            two = LoaderRates([r for r in mine if r.get("cores") == 2]).rate(
+                cpu, hardware.get("cpu_isa", ""), "webdataset", "train", 176, n).img_per_s
+        except NoFigure as missing:
+            lines.append(f"| {n} | {actual:,.0f} | not made: {missing} | | | |")
+            continue
+        projected, from_two = min(model, loader), min(model, two)
+        check = {"vcpus": n, "measured": actual, "projected": projected, "error": projected / actual - 1,
+                 "binds": "GPU" if model <= loader else "data", "from_two_vcpus": from_two,
+                 "error_from_two": from_two / actual - 1}
+        checks.append(check)
+        lines.append(f"| {n} | {actual:,.0f} | {projected:,.0f} ({check['binds']}) | {check['error']:+.1%} | "
+                     f"{from_two:,.0f} | {check['error_from_two']:+.1%} |")
+    if checks:
+        worst = max(abs(c["error"]) for c in checks)
+        lines.append(f"The target: every projection within {SCALING_TARGET:.0%}: **{'met' if worst <= SCALING_TARGET else 'missed'}** "
+                     f"(worst {worst:.1%}).")
+        write_bytes_atomic(work / "scaling-check.json", json.dumps(checks, indent=1).encode())
     return lines
 
 

@@ -31,46 +31,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-import tempfile
 from pathlib import Path
 
 from pipeline.storage.atomic_files import write_bytes_atomic
 from training.config import ConfigError, load_config
-from training.run import USAGE_ERROR, build_run
+from training.projection import (IMAGENET_TRAIN, IMAGENET_VAL, recipe_identity, recipe_schedule,  # noqa: F401
+                                 seconds_per_image, walk)
+from training.run import USAGE_ERROR
 
-IMAGENET_TRAIN, IMAGENET_VAL = 1_281_167, 50_000
 PUBLISHED = ["MLPerf Training v4.0, best 8xH100 ResNet-50: about 13.2 min to 75.9%",
              "MosaicML Mild recipe, 8xA100: 75.9% in 23.8 min",
              "NVIDIA's DALI RN50 pipeline test floor, one Hopper GPU with 70 CPU threads: about 19,000 img/s"]
-
-
-def recipe_schedule(config_path: str, overrides: list[str], gpus: int, train_images: int, val_images: int) -> dict:
-    """The recipe as the trainer runs it with `gpus` ranks: per-epoch sides and shares, evaluations."""
-    with tempfile.TemporaryDirectory(prefix="project-time-") as run_dir:
-        config = load_config(config_path, [*overrides, "data.backend=synthetic", "data.path=''", "device=cpu",
-                                           "compile=false", "data.num_classes=1000", "data.num_workers=0",
-                                           f"data.synthetic_size={train_images // gpus}", f"run_dir={run_dir}",
-                                           "resume=never", "log.progress=false", "log.tensorboard=false"])
-        if config.algorithms.get("progressive_resizing", {}).get("mode") == "batch":
-            raise ConfigError("progressive_resizing in batch mode changes the side within an epoch: "
-                              "project it with mode: loader, which costs the same for the model")
-        trainer = build_run(config)
-        config = trainer.config          # as the run settled it (the scale schedule's stretch)
-        state = trainer.state
-        epochs = state.total_steps / state.steps_per_epoch
-        spec = state.train_loader.spec
-        eval_every = config.eval_interval.to_batches(state.steps_per_epoch, state.total_steps)
-    return {**recipe_identity(config), "epochs": epochs, "sides": [spec.resolution_at(e) for e in range(math.ceil(epochs))],
-            "shares": [min(1.0, epochs - e) for e in range(math.ceil(epochs))],
-            "evaluations": math.ceil(state.total_steps / eval_every) if eval_every else 1,
-            "train_images": train_images, "val_images": val_images}
-
-
-def recipe_identity(config) -> dict:
-    """What a measurement must share with the recipe projected."""
-    return {"model": config.model.name, "algorithms": list(config.algorithms), "batch_size": config.data.batch_size}
+MEASURE_SIDES = "tools/diagnose.py --epoch"
 
 
 def measured_rates(paths: list[Path], recipe: dict) -> dict[int, float]:
@@ -100,34 +73,15 @@ def measured_rates(paths: list[Path], recipe: dict) -> dict[int, float]:
     return rates
 
 
-def seconds_per_image(side: int, rates: dict[int, float]) -> float:
-    """Per GPU, interpolated linearly in pixels between measured sides (extended beyond them)."""
-    if side in rates:
-        return 1 / rates[side]
-    if len(rates) < 2:
-        raise ConfigError(f"the recipe trains at side {side}, and only side {next(iter(rates))} is measured: "
-                          f"measure two or more sides (tools/diagnose.py --epoch)")
-    sides = sorted(rates)
-    upper = next((i for i, s in enumerate(sides) if s > side), len(sides) - 1)
-    low, high = sides[max(0, upper - 1)], sides[max(1, upper)]
-    slope = (1 / rates[high] - 1 / rates[low]) / (high ** 2 - low ** 2)
-    return max(1 / rates[low] + slope * (side ** 2 - low ** 2), 1e-12)
-
-
 def project(schedule: dict, rates: dict[int, float], gpus: int, scaling: float,
             eval_img_per_s: float | None) -> dict:
-    per_side: dict[int, dict] = {}
-    for side, share in zip(schedule["sides"], schedule["shares"]):
-        row = per_side.setdefault(side, {"side": side, "epochs": 0.0, "img_per_s": 1 / seconds_per_image(side, rates),
-                                         "measured": side in rates})
-        row["epochs"] += share
-    for row in per_side.values():
-        row["minutes"] = row["epochs"] * schedule["train_images"] / (gpus * row["img_per_s"] * scaling) / 60
-    train = sum(row["minutes"] for row in per_side.values())
+    rows = walk(schedule, lambda side: {"img_per_s": 1 / seconds_per_image(side, rates, MEASURE_SIDES),
+                                        "measured": side in rates}, gpus, scaling)
+    train = sum(row["minutes"] for row in rows)
     evaluation = (schedule["evaluations"] * schedule["val_images"] / (gpus * eval_img_per_s) / 60
                   if eval_img_per_s else None)
     return {**schedule, "gpus": gpus, "scaling": scaling, "eval_img_per_s": eval_img_per_s,
-            "rows": sorted(per_side.values(), key=lambda row: row["side"]), "train_minutes": train,
+            "rows": rows, "train_minutes": train,
             "eval_minutes": evaluation, "total_minutes": train + (evaluation or 0.0)}
 
 
