@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import io
 import json
 import sys
 from pathlib import Path
@@ -58,7 +59,7 @@ def parse_dataset(text: str) -> dict:
 
 
 def binding(**figures: Figure | None) -> tuple[str, Figure]:
-    """The side that binds: the lowest of the figures given."""
+    """Which figure binds: the lowest of those given."""
     name = min((n for n, f in figures.items() if f is not None), key=lambda n: figures[n].img_per_s)
     return name, figures[name]
 
@@ -135,11 +136,11 @@ def table(rows: list[dict], projection: dict) -> str:
              f"{'min/epoch':>9} {'hours':>6} {'$ on-demand':>11} {'$ spot':>8} {'src':>4}"]
     front = {id(row) for row in pareto(rows)}
     for rank, row in enumerate(rows, 1):
-        spot = f"{row['spot_usd']:,.0f}" if row["spot_usd"] is not None else "-"
+        spot = f"{row['spot_usd']:,.1f}" if row["spot_usd"] is not None else "-"
         binds = f"{row['binds']} {row['binds_share']:.0%}"
         lines.append(f"{rank:>3} {row['instance'] + (' *' if id(row) in front else ''):<24} {row['gpus']:<12} "
                      f"{row['vcpus_per_gpu']:>8g} {row['backend']:<10} {row['data_from']:<5} {binds:<13} "
-                     f"{row['minutes_per_epoch']:>9.1f} {row['hours']:>6.2f} {row['on_demand_usd']:>11,.0f} {spot:>8} "
+                     f"{row['minutes_per_epoch']:>9.2f} {row['hours']:>6.2f} {row['on_demand_usd']:>11,.1f} {spot:>8} "
                      f"{KINDS[row['gpu_source']]}{KINDS[row['loader_source']]:>3}")
     lines.append("* on the Pareto front of hours and dollars. src: the GPU figure, then the loader's: M measured "
                  "on this kind of machine, K measured on a kin CPU (same family, other vector extension), "
@@ -200,7 +201,6 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import io
     figure, axes = plt.subplots(figsize=(8, 5.5))
     for backend in sorted({row["backend"] for row in rows}):
         for source, marker in (("local", "o"), ("s3", "^")):
