@@ -277,3 +277,33 @@ def test_report_shows_the_compared_settings_and_checks_the_best_against_the_targ
     assert "best: B by median share of the model alone; it beat the others in: 2 of 2 over A" in text
     assert "Best: data.hw_decoder_load=1, a median 94.0% of the model alone as training runs; the target is 95%: " \
            "**not met**" in text
+
+
+def test_report_sets_the_pinned_runs_against_the_projection_from_the_scaling_curve(tmp_path):
+    """The scaling stage: end to end at 176 px on 4, 8 and 16 vCPUs against min(model-bound, the engine's
+    rate on that many vCPUs from this machine's curve), and against the 2-vCPU figure stretched alone."""
+    work, results = tmp_path / "work", tmp_path / "results"
+    work.mkdir()
+    hardware = {**H100, "cpu_isa": "avx512"}
+    model = 6000.0
+    curve = {2: 1500.0, 4: 2900.0, 8: 5200.0, 16: 9000.0}
+    append_results([{"benchmark": "models", "model": "resnet50", "resolution": 176, "step": "train",
+                     "precision": "bf16", "channels_last": True, "compile": False, "device": "cuda",
+                     "img_per_s": model}]
+                   + [{"benchmark": "loaders", "backend": "webdataset", "split": "train", "resolution": 176,
+                       "cores": cores, "workers": cores, "device": "cuda", "img_per_s": rate}
+                      for cores, rate in curve.items()], hardware, results)
+    measured = {4: 2800.0, 8: 5000.0, 16: 5700.0}
+    for cores, together in measured.items():
+        (work / f"scaling-{cores}c.json").write_text(json.dumps({"side": 176, "together_img_per_s": together - 100,
+                                                                 "free_running": {"together_img_per_s": together}}))
+    text = gpu_check.report(work, results, hardware)
+    for cores, together in measured.items():
+        projected = min(model, curve[cores])
+        from_two = min(model, curve[2] * cores / 2)
+        binds = "GPU" if model <= curve[cores] else "data"
+        assert (f"| {cores} | {together:,.0f} | {projected:,.0f} ({binds}) | {projected / together - 1:+.1%} | "
+                f"{from_two:,.0f} | {from_two / together - 1:+.1%} |") in text
+    checks = json.loads((work / "scaling-check.json").read_text())
+    assert [c["vcpus"] for c in checks] == [4, 8, 16]
+    assert "within 10%: **met** (worst 5.3%)" in text       # 16 vCPUs: 6,000 against 5,700
