@@ -82,12 +82,14 @@ class ModelRates:
         self.published = read_published(published)
 
     def measured(self, gpu: str, model: str, step: str, precision: str, channels_last: bool,
-                 compile: bool) -> tuple[dict[int, float], str]:
-        """side -> median img/s of the matching rows, and the file they are in."""
+                 compile: bool, instance: str = "") -> tuple[dict[int, float], str]:
+        """side -> median img/s of the matching rows (of `instance`'s own rows if named), and their files."""
         by_side: dict[int, list[float]] = {}
         files = set()
         for row in self.rows:
-            if (gpu_model(row["hardware"]["gpu_model"]) == gpu and row["model"] == model and row["step"] == step
+            on_it = (row["hardware"].get("instance_type") == instance if instance
+                     else gpu_model(row["hardware"]["gpu_model"]) == gpu)
+            if (on_it and row["model"] == model and row["step"] == step
                     and row["precision"] == precision and row["channels_last"] == channels_last
                     and row["compile"] == compile):
                 by_side.setdefault(row["resolution"], []).append(row["img_per_s"])
@@ -95,12 +97,13 @@ class ModelRates:
         return {side: statistics.median(values) for side, values in by_side.items()}, ", ".join(sorted(files))
 
     def rate(self, gpu: str, model: str, step: str, side: int, precision: str, channels_last: bool,
-             compile: bool) -> Figure:
+             compile: bool, instance: str = "") -> Figure:
         command = (f"python benchmarks/models.py --models {model} --precisions {precision} --steps {step} "
                    f"--resolutions {side},224 --compile {'on' if compile else 'off'} --device cuda")
-        rates, files = self.measured(gpu, model, step, precision, channels_last, compile)
-        if rates:
-            return Figure(by_pixels(rates, side, command), "measured", f"{gpu}, {files}")
+        for on in ([instance] if instance else []) + [""]:
+            rates, files = self.measured(gpu, model, step, precision, channels_last, compile, on)
+            if rates:
+                return Figure(by_pixels(rates, side, command), "measured", f"{on or gpu}, {files}")
         published = [p for p in self.published if p["gpu_model"] == gpu and p["model"] == model]
         if not published:
             raise NoFigure(f"no {model} {step} figure for {gpu}, measured or published; on one, run {command}")
@@ -139,14 +142,17 @@ class LoaderRates:
     def kinds(self) -> list[tuple[str, str]]:
         return sorted({(cpu_family(row["hardware"]["cpu_model"]), row["hardware"].get("cpu_isa", "")) for row in self.rows})
 
-    def curve(self, family: str, isa: str, backend: str, split: str) -> dict[int, dict[int, dict]]:
-        """side -> cores -> the newest row at that many cores."""
+    def curve(self, family: str, isa: str, backend: str, split: str, instance: str = "") -> dict[int, dict[int, dict]]:
+        """side -> cores -> the newest row at that many cores, of rows measured on `instance` if named,
+        else on CPUs of this family and vector extension."""
         name = LOADER_ROWS[backend]
         curve: dict[int, dict[int, dict]] = {}
         for row in self.rows:
             hardware = row["hardware"]
-            if (row["backend"] != name or row["split"] != split or cpu_family(hardware["cpu_model"]) != family
-                    or hardware.get("cpu_isa", "") != isa or (backend in GPU_DECODE and row.get("device") != "cuda")):
+            on_it = (hardware.get("instance_type") == instance if instance else
+                     cpu_family(hardware["cpu_model"]) == family and hardware.get("cpu_isa", "") == isa)
+            if (row["backend"] != name or row["split"] != split or not on_it
+                    or (backend in GPU_DECODE and row.get("device") != "cuda")):
                 continue
             cores = row.get("cores") or hardware["cpu_cores"]
             at = curve.setdefault(row["resolution"], {})
@@ -154,29 +160,31 @@ class LoaderRates:
                 at[cores] = row
         return curve
 
-    def rate(self, cpu: str, isa: str, backend: str, split: str, side: int, vcpus: float) -> Figure:
+    def rate(self, cpu: str, isa: str, backend: str, split: str, side: int, vcpus: float, instance: str = "") -> Figure:
+        """On rows of `instance` itself (benchmarks run there with --instance-type) where it has them, else on
+        this kind of CPU, else on a kin one."""
         family = cpu_family(cpu)
         command = (f"python benchmarks/loaders.py --cores 1,2,4,...,N --backends {LOADER_ROWS[backend]} "
                    f"--splits {split}" + (" --device cuda" if backend in GPU_DECODE else ""))
-        for kind, candidates in (("measured", [isa]), ("kin", [other for other in ("avx512", "avx2") if other != isa])):
-            for measured_isa in candidates:
-                curve = self.curve(family, measured_isa, backend, split)
-                if not curve:
-                    continue
-                rates = {s: along_cores(points, vcpus) for s, points in curve.items()}
-                cores = sorted({c for points in curve.values() for c in points})
-                where = cpu_words(next(iter(next(iter(curve.values())).values()))["hardware"])
-                how = (f"at {vcpus:g} vCPUs" if vcpus in cores else
-                       f"{'interpolated' if cores[0] <= vcpus <= cores[-1] else 'extrapolated linearly'} "
-                       f"from {', '.join(map(str, cores))} vCPUs")
-                if side in rates or len(rates) > 1:
-                    return Figure(by_pixels(rates, side, command), kind, f"{where}, {how}")
-                [(measured_side, rate)] = rates.items()
-                ratio, shape = self.side_ratio(backend, split, measured_side, side, command)
-                return Figure(rate * ratio, kind, f"{where}, {how}; {side} px along the {shape}'s curve")
+        places = [("measured", isa, instance)] if instance else []
+        places += [("measured", isa, ""), *(("kin", other, "") for other in ("avx512", "avx2") if other != isa)]
+        for kind, measured_isa, on in places:
+            curve = self.curve(family, measured_isa, backend, split, on)
+            if not curve:
+                continue
+            rates = {s: along_cores(points, vcpus) for s, points in curve.items()}
+            cores = sorted({c for points in curve.values() for c in points})
+            where = on or cpu_words(next(iter(next(iter(curve.values())).values()))["hardware"])
+            how = (f"at {vcpus:g} vCPUs" if vcpus in cores else
+                   f"{'interpolated' if cores[0] <= vcpus <= cores[-1] else 'extrapolated linearly'} "
+                   f"from {', '.join(map(str, cores))} vCPUs")
+            if side in rates or len(rates) > 1:
+                return Figure(by_pixels(rates, side, command), kind, f"{where}, {how}")
+            [(measured_side, rate)] = rates.items()
+            ratio, shape = self.side_ratio(backend, split, measured_side, side, command)
+            return Figure(rate * ratio, kind, f"{where}, {how}; {side} px along the {shape}'s curve")
         raise NoFigure(f"no {backend} {split} figure on {cpu_words({'cpu_model': cpu, 'cpu_isa': isa})} or a kin CPU; "
                        f"on one, run {command}")
-
 
     def side_ratio(self, backend: str, split: str, measured: int, side: int, command: str) -> tuple[float, str]:
         """img/s at `side` over img/s at `measured`, on the first kind of CPU measured at two sides or more:

@@ -205,3 +205,22 @@ def test_the_scaling_rows_come_from_the_loader_benchmark_at_1_and_2_cores(sample
     assert figure.kind == "measured" and "interpolated from 1, 2 vCPUs" in figure.source
     assert figure.img_per_s == pytest.approx((rows[0]["img_per_s"] + rows[1]["img_per_s"]) / 2)
     assert along_cores({1: rows[0], 2: rows[1]}, 4) == pytest.approx(2 * rows[1]["img_per_s"])
+
+
+def test_rows_measured_on_the_instance_itself_come_first(figures, capsys, tmp_path):
+    """Benchmarks run on the instance with --instance-type NAME: their rows, not its CPU kind's or GPU model's."""
+    there = {**XEON_VM, "cpu_model": "AMD EPYC 9R14", "cpu_isa": "avx512", "instance_type": "test.4gpu",
+             "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 4}
+    rows = [{**loader_row(split, side, 3, rate), "hardware": there}
+            for split, side, rate in (("train", 112, 7_000), ("train", 224, 1_500), ("val", 224, 2_500))]
+    rows.append({**model_row(112, "train", 9_000), "hardware": there})
+    rows.append({**model_row(224, "train", 1_800), "hardware": there})
+    with open(figures / "results" / "test.4gpu.jsonl", "w") as f:
+        f.write("".join(json.dumps(row) + "\n" for row in rows))
+    code, _, err = run(capsys, *cost_args(figures, "--json", tmp_path / "cost.json"))
+    assert code == 0, err
+    [row] = json.loads((tmp_path / "cost.json").read_text())["rows"]
+    assert [r for s in row["sides"] for r in (s["gpu_img_per_s"], s["data_img_per_s"])] == pytest.approx(
+        [9_000, 7_000, 1_800, 1_500])
+    assert row["eval"]["gpu_img_per_s"] == pytest.approx(7_000)     # no eval row of its own: the GPU model's
+    assert any(source.startswith("measured: test.4gpu, at 3 vCPUs") for source in row["sources"])

@@ -86,8 +86,9 @@ def project_one(instance: Instance, backend: str, data_from: str, recipe: dict, 
 
     def rate_at(side: int, split: str = "train") -> dict:
         model_step = "train" if split == "train" else "eval"
-        figures = {"GPU": models.rate(gpu, recipe["model"], model_step, side, **step),
-                   "data": loaders.rate(instance.cpu, instance.cpu_isa, backend, split, side, instance.vcpus_per_gpu),
+        figures = {"GPU": models.rate(gpu, recipe["model"], model_step, side, **step, instance=instance.name),
+                   "data": loaders.rate(instance.cpu, instance.cpu_isa, backend, split, side, instance.vcpus_per_gpu,
+                                        instance.name),
                    "network": network}
         binds, figure = binding(**figures)
         sources.update((f.kind, f.source) for f in figures.values() if f is not None)
