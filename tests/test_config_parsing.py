@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from algorithms.durations import Duration
+from conftest import ROOT
 from training.typed_config import ConfigError, apply_overrides, from_mapping, load_recipe, load_yaml, to_plain
 
 
@@ -210,3 +211,17 @@ def test_a_bad_base_is_one_line_naming_the_file(tmp_path, files, message):
     with pytest.raises(ConfigError, match=message) as caught:
         load_recipe(tmp_path / "a.yaml")
     assert "\n" not in str(caught.value)
+
+
+def test_what_a_run_writes_of_its_config_carries_no_credentials():
+    """config.yaml and every checkpoint hold `shareable(config)`; the tools' records, `shareable_overrides`."""
+    from training.config import load_config, shareable, shareable_overrides
+    url = "https://alice:PASSWORD@example.com/data?X-Amz-Signature=SIG&part=1"
+    config = load_config(str(ROOT / "algorithms" / "recipes" / "fashion_baseline.yaml"),
+                         [f"data.path={url}", "data.backend=webdataset"])
+    plain = shareable(config)
+    assert plain["data"]["path"] == "https://***@example.com/data?X-Amz-Signature=***&part=1"
+    assert "PASSWORD" not in repr(plain) and "SIG" not in repr(plain)
+    assert config.data.path == url                    # the run itself still reads with them
+    assert shareable_overrides([f"data.path={url}", "seed=3", "compile"]) == [
+        f"data.path={plain['data']['path']}", "seed=3", "compile"]

@@ -38,7 +38,7 @@ def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupt
 
     port, run_dir = free_port(), tmp_path / "remote"
     url = f"http://alice:hunter2@127.0.0.1:{port}/{local.name}"    # nginx ignores the credentials
-    remote = command(url, run_dir, *OUTAGE_RUN, f"data.cache_dir={tmp_path / 'cache'}")
+    remote = command(url, run_dir, *OUTAGE_RUN, f"data.cache_dir={tmp_path / 'cache'}", "log.tensorboard=true")
     server = Nginx(local.parent, tmp_path / "nginx", port=port)
     process = subprocess.Popen(remote, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -62,8 +62,14 @@ def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupt
         server.stop()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
-    written = [path.read_text(errors="replace") for path in run_dir.rglob("*") if path.is_file() and path.suffix != ".pt"]
-    assert all("hunter2" not in text for text in [stderr, resumed.stdout, resumed.stderr, *written])
+    # no file the run wrote carries the password: checkpoints (their config), TensorBoard, metrics, summary
+    written = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    assert {path.suffix for path in written} >= {".pt", ".yaml", ".jsonl", ".json"}
+    assert any("tfevents" in path.name for path in written)
+    assert [path for path, data in written.items() if b"hunter2" in data] == []
+    assert all("hunter2" not in text for text in [stderr, resumed.stdout, resumed.stderr])
+    newest = sorted((run_dir / "checkpoints").iterdir())[-1]
+    assert torch.load(newest, weights_only=True)["config"]["data"]["path"].startswith("http://***@127.0.0.1")
     assert_ends_alike(reference, run_dir, EPOCHS * STEPS_PER_EPOCH)
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from measuring import (load_measuring_config, measure, measured_run, run_one_rank, synthetic_twin,
                        write_figures)
 from pipeline import build_loader
-from training.config import ConfigError
+from training.config import ConfigError, shareable_overrides
 from training.step_stream import StepStream
 
 LOADER_KEYS = ("backend", "path", "num_workers", "hw_decoder_load", "cache_limit")   # data.<key>: loader spec fields
@@ -147,7 +147,7 @@ def summarise(rounds: list[dict], settings: list[Setting], loader_alone: dict) -
     shares = {s.name: [r["together"][s.name]["share_of_model"] for r in rounds] for s in settings}
     medians = {name: statistics.median(values) for name, values in shares.items()}
     best = max(medians, key=medians.get)
-    return {"settings": [{"name": s.name, "overrides": s.overrides, "loader_img_per_s": round(loader_alone[s.name], 1),
+    return {"settings": [{"name": s.name, "overrides": shareable_overrides(s.overrides), "loader_img_per_s": round(loader_alone[s.name], 1),
                           "shares_of_model": shares[s.name], "median_share_of_model": round(medians[s.name], 4),
                           "median_img_per_s": round(statistics.median(r["together"][s.name]["img_per_s"]
                                                                       for r in rounds), 1)}

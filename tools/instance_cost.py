@@ -34,7 +34,7 @@ from benchmarks.instance_catalog import CATALOG, CatalogError, Instance, load_ca
 from benchmarks.measured_figures import (LOADER_ROWS, PUBLISHED, Figure, LoaderRates, ModelRates, NoFigure,
                                          result_rows)
 from pipeline.storage.atomic_files import write_bytes_atomic
-from training.config import ConfigError, load_config, recipe_file
+from training.config import ConfigError, load_config, recipe_file, shareable_overrides
 from training.projection import IMAGENET_TRAIN, IMAGENET_VAL, recipe_schedule, walk
 from training.run import USAGE_ERROR
 
@@ -263,7 +263,7 @@ def project_all(args) -> dict:
                                      "reason": str(missing)})
     rows.sort(key=lambda row: row["on_demand_usd"])
     schedule = next(iter(schedules.values()))
-    return {"recipe": str(args.config), "overrides": args.overrides, "dataset": args.dataset, "scaling": args.scaling,
+    return {"recipe": str(args.config), "overrides": shareable_overrides(args.overrides), "dataset": args.dataset, "scaling": args.scaling,
             "backends": args.backends, "data_from": args.data_from,
             "loader_side_methods": [name for name in config.algorithms if name in LOADER_SIDE_METHODS],
             "schedule": {k: schedule[k] for k in ("epochs", "sides", "shares", "evaluations", "val_side")},

@@ -24,7 +24,7 @@ import torch
 from pipeline import build_loader
 from pipeline.storage.atomic_files import write_bytes_atomic
 from pipeline.errors import DatasetError
-from training.config import ConfigError, load_config
+from training.config import ConfigError, load_config, shareable_overrides
 from training.distributed import World
 from training.run import USAGE_ERROR, build_run
 from training.trainer import Trainer
@@ -117,5 +117,5 @@ def run_one_rank(tool: str, args, measure_run, report_of, hint: str = "") -> int
 def write_figures(args, figures: dict) -> None:
     """The figures to --json, if given, atomically, with the recipe and overrides they came from."""
     if args.json:
-        figures = {**figures, "recipe": args.config, "overrides": args.overrides}
+        figures = {**figures, "recipe": args.config, "overrides": shareable_overrides(args.overrides)}
         write_bytes_atomic(args.json, (json.dumps(figures, indent=2) + "\n").encode())

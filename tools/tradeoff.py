@@ -297,7 +297,8 @@ def main(argv=None) -> int:
             raise SweepError("--nproc: at least 1")
         durations = parse_durations(args.durations)
         hardware = signature()
-        conditions = {"overrides": args.overrides, "nproc": args.nproc, "machine": slug(hardware)}
+        from training.config import shareable_overrides   # torch: only once the arguments are known good
+        conditions = {"overrides": shareable_overrides(args.overrides), "nproc": args.nproc, "machine": slug(hardware)}
         if args.ablate:
             baseline = args.baseline or f"{recipe_name(args.ablate).split('_')[0]}_baseline"
             check_recipes([args.ablate, baseline], args.overrides)

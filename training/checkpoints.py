@@ -19,11 +19,10 @@ import torch
 
 from pipeline.storage.atomic_files import write_bytes_atomic
 from training import data_order
-from training.config import Config, ConfigError
+from training.config import Config, ConfigError, shareable
 from training.engine import Engine
 from training.rng import set_rng_state
 from training.state import State
-from training.typed_config import to_plain
 
 log = logging.getLogger("training")
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
@@ -34,7 +33,7 @@ def snapshot(state: State, engine: Engine, config: Config, rng_states: list, ear
     """Everything a run needs to go on at exactly this step, on any number of ranks (`rng_states`: one
     per rank); `earlier`: what the trainer adds up over sessions (`wall_seconds`, `step_phases`);
     `data_order`: what the order of samples rests on (training/data_order.py)."""
-    return {"format": FORMAT, "world_size": len(rng_states), "config": to_plain(config), "data_order": data_order,
+    return {"format": FORMAT, "world_size": len(rng_states), "config": shareable(config), "data_order": data_order,
             "counters": state.counters() | earlier, "model": state.model.state_dict(),
             "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
             "scaler": state.scaler.state_dict(), "algorithms": engine.state_dict(),
@@ -66,7 +65,7 @@ def restore(checkpoint: dict, path: Path, state: State, engine: Engine, config: 
         state.train_loader.load_state_dict({**checkpoint["loader"], "backend": state.train_loader.spec.backend,
                                             "position": state.batch_in_epoch})
     set_rng_state(checkpoint["rng"][rank % saved_world])
-    changed = changed_keys(checkpoint["config"], to_plain(config))
+    changed = changed_keys(checkpoint["config"], shareable(config))
     if not order_changes:       # the same global batch, another share of it per rank: what the resume line says
         changed = [key for key in changed if key not in ("data.batch_size", "data.global_batch_size")]
     return earlier, changed, order_changes

@@ -15,8 +15,9 @@ import algorithms
 from algorithms import check_algorithm_names
 from pipeline import LoaderSpec
 from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
+from pipeline.storage.urls import redact
 from algorithms.durations import Duration
-from training.typed_config import ConfigError, apply_overrides, from_mapping, load_recipe
+from training.typed_config import ConfigError, apply_overrides, from_mapping, load_recipe, to_plain
 
 Backend = Literal["ffcv", "dali", "webdataset", "folder", "synthetic", "auto"]   # auto: the fastest here
 ModelName = Literal["resnet18", "resnet50", "small_resnet"]
@@ -192,3 +193,21 @@ def load_config(recipe: Optional[str], overrides: list[str]) -> Config:
 
 
 __all__ = ["Config", "ConfigError", "load_config"]
+
+
+def shareable(config: Config) -> dict:
+    """The config as plain values with the credentials any URL in it carries replaced by `***`: what a
+    run writes (config.yaml, every checkpoint), which travels to shared storage, colleagues and model
+    hubs. A resume takes the credentials from its own command line and environment."""
+    def scrub(value):
+        if isinstance(value, dict):
+            return {key: scrub(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [scrub(item) for item in value]
+        return redact(value) if isinstance(value, str) else value
+    return scrub(to_plain(config))
+
+
+def shareable_overrides(overrides: list[str]) -> list[str]:
+    """`key=value` overrides as a record may keep them: a URL value's credentials replaced by `***`."""
+    return [f"{key}={redact(value)}" if sep else key for key, sep, value in (o.partition("=") for o in overrides)]

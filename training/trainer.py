@@ -27,7 +27,7 @@ from pipeline import batches_per_epoch, build_loader, split_samples
 from pipeline.storage.urls import redact
 from training import distributed as dist
 from training import checkpoints, data_order
-from training.config import Config, ConfigError
+from training.config import Config, ConfigError, shareable
 from training.engine import Engine
 from training.losses import build_loss
 from training.models import build_model
@@ -39,7 +39,6 @@ from training.state import State
 from training.step_phases import StepPhases
 from training.step_stream import StepStream
 from training.stop_requests import Preempted, RunFault, StopRequests
-from training.typed_config import to_plain
 
 log = logging.getLogger("training")
 
@@ -443,9 +442,7 @@ class Trainer:
             try:
                 self.log.check_writable()
                 self.log.rewind(self.state.step)
-                plain = to_plain(self.config)
-                plain["data"]["path"] = redact(plain["data"]["path"])      # a URL may carry credentials
-                self.log.write_config(plain)
+                self.log.write_config(shareable(self.config))
             except OSError as error:
                 problem = f"run_dir {self.config.run_dir}: {cannot_write(error, self.config.run_dir)}"
         problem = dist.broadcast_from_main(problem, self.world)
