@@ -132,3 +132,17 @@ def kill_tree(pid: int) -> None:
 def final_weights(run_dir: Path) -> dict:
     newest = sorted((run_dir / "checkpoints").iterdir(), key=lambda p: int(p.stem.split("-ba")[1]))[-1]
     return torch.load(newest, weights_only=True)
+
+
+def flip_a_tensor_byte(checkpoint: Path) -> None:
+    """Damage a checkpoint as a bad sector or a flipped bit in a copy does: one byte in the middle
+    of its largest tensor, where the file still loads (torch checks no CRC of a stored tensor)."""
+    import zipfile
+    with zipfile.ZipFile(checkpoint) as archive:
+        entry = max((info for info in archive.infolist() if "/data/" in info.filename), key=lambda info: info.file_size)
+    data = bytearray(checkpoint.read_bytes())
+    name_length, extra_length = (int.from_bytes(data[entry.header_offset + at:entry.header_offset + at + 2], "little")
+                                 for at in (26, 28))
+    start = entry.header_offset + 30 + name_length + extra_length
+    data[start + entry.file_size // 2] ^= 0x40
+    checkpoint.write_bytes(bytes(data))

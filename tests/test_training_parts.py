@@ -121,6 +121,26 @@ def test_checkpoint_store_keeps_newest_and_skips_damaged(tmp_path, caplog):
     assert "ep1-ba15.pt does not load" in caplog.text
 
 
+def test_a_checkpoint_whose_tensor_bytes_changed_is_named_and_the_one_before_it_used(tmp_path, caplog):
+    from runs import flip_a_tensor_byte
+    store = CheckpointStore(tmp_path, keep=3)
+    for step in (5, 10):
+        store.save({"step": step, "weights": torch.arange(4096, dtype=torch.float32) * step}, epoch=0, step=step)
+    newest = store.checkpoints()[-1]
+    flip_a_tensor_byte(newest)
+    damaged = torch.load(newest, weights_only=True)             # it still loads: only the checksum tells
+    assert not torch.equal(damaged["weights"], torch.arange(4096, dtype=torch.float32) * 10)
+    with caplog.at_level(logging.WARNING, logger="training"):
+        path, state = store.load_newest()
+    assert path.name == "ep0-ba5.pt" and state["step"] == 5 and "sha256" not in state
+    [line] = [r.getMessage() for r in caplog.records if "ep0-ba10.pt" in r.getMessage()]
+    assert "fail the sha256 it records" in line and "trying the one before it" in line
+    with pytest.raises(ConfigError, match=r"resume=.*ep0-ba10.pt: cannot load it \(its contents fail the sha256"):
+        checkpoints.find(store, str(newest))
+    torch.save({"step": 1, "weights": torch.ones(3)}, tmp_path / "ep0-ba1.pt")   # written before checksums: taken
+    assert checkpoints.load(tmp_path / "ep0-ba1.pt")["step"] == 1
+
+
 def test_checkpoints_refuse_pickled_code(tmp_path, caplog):
     store = CheckpointStore(tmp_path, keep=3)
     store.save({"step": 1}, epoch=0, step=1)

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 import yaml
 
-from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, TORCHRUN, assert_ends_alike, free_port, kill_tree,
-                  main_in_process, main_py, read_jsonl, tiny_run, torchrun_2, wait_until)
+from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, TORCHRUN, assert_ends_alike, flip_a_tensor_byte, free_port,
+                  kill_tree, main_in_process, main_py, read_jsonl, tiny_run, torchrun_2, wait_until)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -122,11 +122,10 @@ def test_resume_skips_a_truncated_checkpoint_and_a_finished_run_stays_finished(t
     again = main_py("--config", RECIPE, *overrides, "max_duration=2ep")
     assert "resumed from" in again.stdout and "ep2-ba8.pt" in again.stdout and "epoch 1/2:" not in again.stdout
 
-    newest = run_dir / "checkpoints" / "ep2-ba8.pt"
-    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    flip_a_tensor_byte(run_dir / "checkpoints" / "ep2-ba8.pt")   # it loads; its checksum tells
     longer = main_py("--config", RECIPE, *overrides, "max_duration=3ep")
     assert longer.returncode == 0, longer.stderr[-3000:]
-    assert "ep2-ba8.pt does not load" in longer.stderr and "resumed from" in longer.stdout
+    assert "ep2-ba8.pt does not load (its contents fail the sha256" in longer.stderr and "resumed from" in longer.stdout
     assert "ep1-ba4.pt" in longer.stdout and "max_duration" in longer.stdout     # the changed key is named
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 12
 

@@ -3,12 +3,15 @@ newest K kept, the newest readable one found (`CheckpointStore`).
 
 A checkpoint is one file, `checkpoints/ep{epoch}-ba{step}.pt` (epoch and optimizer steps
 when it was taken). It holds only tensors and plain Python values and is always loaded
-with `weights_only=True`, so a checkpoint from elsewhere cannot run code. A file that
-does not load (truncated by a crash, damaged on disk) is skipped with a warning in favour
-of the one before it.
+with `weights_only=True`, so a checkpoint from elsewhere cannot run code. It records the
+sha256 of its own contents (every tensor's bytes, every value), checked when it is loaded:
+a file that does not load (truncated by a crash) or whose bytes changed since it was
+written (a bad sector, a flipped bit in a copy) is skipped with a warning in favour of the
+one before it, instead of training on from damaged weights.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import re
@@ -27,6 +30,36 @@ from training.state import State
 log = logging.getLogger("training")
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")
 FORMAT = 1
+CHECKSUM = "sha256"
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint that loads but whose contents are not those it was written with."""
+
+
+def content_digest(state) -> str:
+    """sha256 over a checkpoint's contents in order: keys, every tensor's dtype, shape and bytes, and
+    every other value; independent of how torch lays the file out."""
+    digest = hashlib.sha256()
+
+    def feed(value) -> None:
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(value, dict):
+            digest.update(f"D{len(value)}".encode())
+            for key, item in value.items():
+                feed(key)
+                feed(item)
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"L{len(value)}".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(f"V{type(value).__name__}:{value!r};".encode())
+    feed(state)
+    return digest.hexdigest()
 
 
 def snapshot(state: State, engine: Engine, config: Config, rng_states: list, earlier: dict, data_order: dict) -> dict:
@@ -132,7 +165,7 @@ class CheckpointStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path(epoch, step)
         buffer = io.BytesIO()
-        torch.save(state, buffer)
+        torch.save({**state, CHECKSUM: content_digest(state)}, buffer)
         write_bytes_atomic(path, buffer.getbuffer())
         for old in self.checkpoints()[:-self.keep]:
             old.unlink(missing_ok=True)
@@ -149,7 +182,13 @@ class CheckpointStore:
 
 
 def load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """The checkpoint at `path`, checked against the checksum it records (one written before
+    checkpoints recorded it is taken as it is); DamagedCheckpoint when they differ."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    recorded = checkpoint.pop(CHECKSUM, None) if isinstance(checkpoint, dict) else None
+    if recorded is not None and recorded != content_digest(checkpoint):
+        raise DamagedCheckpoint("its contents fail the sha256 it records: its bytes changed since it was written")
+    return checkpoint
 
 
 def _why_not_loaded(error: Exception) -> str:
@@ -157,6 +196,8 @@ def _why_not_loaded(error: Exception) -> str:
     holding objects other than tensors and plain values, they advise `weights_only=False`,
     which would let the file run code: say what it holds instead."""
     text = str(error)
+    if isinstance(error, DamagedCheckpoint):
+        return text
     refused = re.search(r"Unsupported global: GLOBAL (\S+)", text)
     if text.startswith("Weights only load failed") and refused:
         return (f"it holds a {refused[1]} object, and checkpoints load weights-only: tensors and plain "
