@@ -45,13 +45,24 @@ PIPELINE_ORDER = ["errors", "progress", "machine", "schedules", "native", "stora
 MODULE_NAME = re.compile(r"^pipeline(\.\w+)+$")
 
 
+def parse(source: str, filename: str) -> ast.Module:
+    """ast.parse, again after CPython 3.11's "AST constructor recursion depth mismatch": its depth count
+    is shared by all threads, so a loader's thread compiling code (numba, FFCV) beside it can trip it."""
+    for attempt in range(5):
+        try:
+            return ast.parse(source, filename)
+        except SystemError:
+            if attempt == 4:
+                raise
+
+
 def layers_above(layer: str) -> list[str]:
     return LAYERS[LAYERS.index(layer) + 1:] + ABOVE_ALL
 
 
 def imported_packages(path: Path) -> set[str]:
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -61,7 +72,7 @@ def imported_packages(path: Path) -> set[str]:
 
 def code_strings(source: str, filename: str = "<module>") -> list[str]:
     """The string constants of a module's code: every one but its docstrings."""
-    tree = ast.parse(source, filename)
+    tree = parse(source, filename)
     docstrings = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
@@ -139,7 +150,7 @@ def pipeline_imports(path: Path, modules: set[str]) -> set[str]:
     import all the same), and those its code names as a string, as `importlib.import_module` takes
     them. `from pipeline import NAME` of an export (not a module) is an import of pipeline/__init__."""
     found = set()
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse(path.read_text(), str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "pipeline"}

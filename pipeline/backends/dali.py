@@ -37,7 +37,7 @@ from nvidia.dali.auto_aug import rand_augment
 from pipeline.loader.base import Loader
 from pipeline.transforms.crops import RANDOM_CROP_ATTEMPTS, sample_seed
 from pipeline.datasets import read_converted, read_folder
-from pipeline.errors import DatasetError
+from pipeline.errors import CorruptSample, DatasetError
 from pipeline.formats.converted import is_converted
 from pipeline.storage.urls import is_url
 from pipeline.transforms.randaugment import SEVERITY_BINS
@@ -120,7 +120,7 @@ class DALILoader(Loader):
             return fn.readers.file(files=[self.files[i].path for i in ids], labels=[self.files[i].label for i in ids],
                                    random_shuffle=False, pad_last_batch=True, name="reader")
         # A partial of the stored shards, not a lambda: one naming the loader would keep it alive from its own pipeline
-        source = _PlannedBatches(self.stored, self.stored.epoch_batches(spec, epoch),
+        source = _PlannedBatches(self.stored, self.stored.epoch_batches(spec, epoch), self.num_classes,
                                  following=partial(self.stored.epoch_batches, spec, epoch + 1))
         return fn.external_source(source=source,
                                   num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT32])
@@ -133,8 +133,8 @@ class _PlannedBatches:
     Each batch's bytes are read in a thread while DALI works on the one before: DALI calls a
     source from the thread that schedules its runs, the training loop's."""
 
-    def __init__(self, stored: StoredShards, plan: list, following=None):
-        self.stored, self.plan, self.following = stored, plan, following
+    def __init__(self, stored: StoredShards, plan: list, num_classes: int, following=None):
+        self.stored, self.plan, self.num_classes, self.following = stored, plan, num_classes, following
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="dali-source")
         self._next: tuple[int, Future] | None = None
 
@@ -157,6 +157,9 @@ class _PlannedBatches:
         jpegs, labels = [], []
         for sample_id in self.plan[index].tolist():
             jpeg, label = self.stored.read(sample_id)
+            if not 0 <= label < self.num_classes:      # DALI cannot leave a sample out of its batch
+                raise CorruptSample(f"{self.stored.name(sample_id)}: label {label} is not one of the "
+                                    f"{self.num_classes} classes, a damaged sample; DALI cannot skip it")
             jpegs.append(np.frombuffer(jpeg, np.uint8))
             labels.append(np.array([label], np.int32))
         return jpegs, labels

@@ -42,7 +42,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from pipeline.loader.base import Loader
+from pipeline.loader.base import Loader, damaged_labels
 from pipeline.transforms.crops import UNIFORMS_PER_SAMPLE, compiled_sample_uniforms, random_resized_crop
 from pipeline.datasets import read_converted
 from pipeline.errors import DatasetError
@@ -155,6 +155,7 @@ class FFCVLoader(Loader):
             self.decoder = CenterCropRGBImageDecoder((side, side), ratio=spec.val_crop_ratio)
         self.order = _FixedOrder()
         self._ids = np.zeros(0, dtype=np.int64)
+        self.beton = beton
         super().__init__(spec, len(data.classes))
         self.ffcv = _ffcv_loader(beton, spec, self.decoder, self.order)
 
@@ -176,8 +177,15 @@ class FFCVLoader(Loader):
         epoch_thread = iter(self.ffcv)
         try:
             for index, (images, labels) in enumerate(epoch_thread, start):
+                labels = labels.to(torch.int64).view(-1)      # on the CPU: checked before the copy to the device
+                first = index * self.spec.batch_size
+                bad, errors = damaged_labels(labels, self.num_classes,
+                                             lambda position: f"{self.beton}: sample {self._ids[first + position]}")
+                if errors:
+                    self._undecodable(errors)
+                    images, labels = images[(~bad).to(images.device)], labels[~bad]
                 images = self._colout(images, index)
-                yield index, self._to_model_input(images), labels.to(self.device, torch.int64, copy=True).view(-1)
+                yield index, self._to_model_input(images), self._to_device_labels(labels)
         finally:
             _stop(epoch_thread)
 
@@ -201,7 +209,7 @@ def _ffcv_loader(beton, spec: LoaderSpec, decoder, order: _FixedOrder) -> FFCVBa
             str(beton), batch_size=spec.batch_size, num_workers=workers, os_cache=True,
             order=OrderOption.SEQUENTIAL, drop_last=False,
             pipelines={"image": [decoder, ToTensor(), ToTorchImage(channels_last=True), *to_device],
-                       "label": [IntDecoder(), ToTensor(), *to_device]})
+                       "label": [IntDecoder(), ToTensor()]})
     finally:
         torch.set_num_threads(threads)
     loader.traversal_order = order

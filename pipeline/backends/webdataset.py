@@ -36,9 +36,9 @@ class WebDatasetLoader(Loader):
                        else StoredShards(data.shards))
         self._plan: list[np.ndarray] = []
         super().__init__(spec, len(data.classes))
-        self.engine = EngineBatches(self.stored, spec, self.device) if self.uses_engine else None
+        self.engine = EngineBatches(self.stored, spec, self.device, self.num_classes) if self.uses_engine else None
         self._sampler = BatchKeys()
-        self.dataloader = None if self.uses_engine else torch_dataloader(WorkerBatches(self.stored, spec), spec,
+        self.dataloader = None if self.uses_engine else torch_dataloader(WorkerBatches(self.stored, spec, self.num_classes), spec,
                                                                            sampler=self._sampler)
 
     @property

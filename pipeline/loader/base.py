@@ -29,6 +29,17 @@ log = logging.getLogger(__name__)
 HANDOVER_ERRORS = (ConnectionError, EOFError)     # how a batch's handover fails when its worker dies
 
 
+def damaged_labels(labels: torch.Tensor, num_classes: int, name_of) -> tuple[torch.Tensor, list[str]]:
+    """A CPU batch's labels that are no class of the dataset (a flipped byte in a label, say): their
+    mask, and a message per sample naming it (`name_of(position)`), for the on_corrupt policy;
+    else such a label reaches the loss as a target past its last class."""
+    bad = (labels < 0) | (labels >= num_classes)
+    if not bool(bad.any()):
+        return bad, []
+    return bad, [f"{name_of(position)}: label {int(labels[position])} is not one of the {num_classes} classes, "
+                 f"a damaged sample" for position in bad.nonzero().view(-1).tolist()]
+
+
 class LoaderWorkerDied(RuntimeError):
     """A loader's worker process died mid-epoch (torch's DataLoader noticed): its message is one
     line naming the backend and the likely cause."""

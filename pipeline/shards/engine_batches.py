@@ -19,6 +19,7 @@ import torch
 
 from pipeline.decode import engine as decode_engine
 from pipeline.transforms.normalize import normalized_batch
+from pipeline.loader.base import damaged_labels
 from pipeline.loader.prefetch import BufferRing, prefetched
 from pipeline.decode.pillow_sample import load_or_report
 from pipeline.shards.index import StoredShards
@@ -28,8 +29,8 @@ PREFETCH_BATCHES = 2
 
 
 class EngineBatches:
-    def __init__(self, stored: StoredShards, spec: LoaderSpec, device: torch.device):
-        self.stored, self.spec, self.device = stored, spec, device
+    def __init__(self, stored: StoredShards, spec: LoaderSpec, device: torch.device, num_classes: int):
+        self.stored, self.spec, self.device, self.num_classes = stored, spec, device, num_classes
         self.seconds = dict.fromkeys((*decode_engine.STAGES, "python"), 0.0)   # summed over samples
         self.samples = 0
         self._seconds_lock = threading.Lock()
@@ -68,8 +69,12 @@ class EngineBatches:
             python_seconds = time.thread_time() - started
             decoded = decode_engine.decode_batch(samples, self.spec, epoch, side, out, threads=self.spec.num_workers)
         fallback_started = time.thread_time()
-        labels, kept, errors = torch.from_numpy(decoded.labels.astype(np.int64)), np.ones(len(ids), bool), []
+        labels = torch.from_numpy(decoded.labels.astype(np.int64))
+        bad, errors = damaged_labels(labels, self.num_classes, lambda position: self.stored.name(int(ids[position])))
+        kept = ~bad.numpy()
         for position, _ in decoded.failed:
+            if not kept[position]:
+                continue
             sample_id = int(ids[position])
             jpeg, _ = self.stored.read(sample_id)
             image = load_or_report(jpeg, self.spec, name=self.stored.name(sample_id), sample_id=sample_id,

@@ -20,8 +20,8 @@ class WorkerBatches(Dataset):
     """Map-style, for DataLoader workers: a batch key (epoch, side, sample ids[, their (JPEG,
     label)s]) -> a collated uint8 batch."""
 
-    def __init__(self, stored: StoredShards, spec: LoaderSpec):
-        self.stored, self.spec = stored, spec
+    def __init__(self, stored: StoredShards, spec: LoaderSpec, num_classes: int):
+        self.stored, self.spec, self.num_classes = stored, spec, num_classes
 
     def __len__(self) -> int:
         return len(self.stored)
@@ -31,8 +31,12 @@ class WorkerBatches(Dataset):
         samples = carried[0] if carried else [self.stored.read(sample_id) for sample_id in ids.tolist()]
         images, labels = [], []
         for sample_id, (jpeg, label) in zip(ids.tolist(), samples):
-            images.append(load_or_report(jpeg, self.spec, name=self.stored.name(sample_id), sample_id=sample_id,
-                                         epoch=epoch, side=side, roi=True))
+            name = self.stored.name(sample_id)
+            if not 0 <= label < self.num_classes:       # a damaged label: reported like an undecodable image
+                images.append(f"{name}: label {label} is not one of the {self.num_classes} classes, a damaged sample")
+            else:
+                images.append(load_or_report(jpeg, self.spec, name=name, sample_id=sample_id, epoch=epoch, side=side,
+                                             roi=True))
             labels.append(label)
         return collate(images, labels)
 
