@@ -73,6 +73,7 @@ def check_upload(client, bucket: str, prefix: str, staging: Path) -> dict:
         for shard in record.get("shards", []):
             recorded[f"{split}/{shard['tar']}"] = (shard["bytes"], shard["sha256"])
             recorded[f"{split}/{shard['index']}"] = (shard["index_bytes"], shard["index_sha256"])
+            recorded[f"{split}/{shard['checksums']}"] = (shard["checksums_bytes"], shard["checksums_sha256"])
         if "shards" not in record:
             recorded[record["files"][0]] = (record["bytes"], record["sha256"])
     assert set(recorded) == set(listed)

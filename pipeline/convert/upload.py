@@ -80,6 +80,8 @@ def listed_files(manifest: dict) -> dict[str, tuple[int | None, str | None]]:
         for shard in record.get("shards", []):
             files[f"{split}/{shard['tar']}"] = (shard.get("bytes"), shard.get("sha256"))
             files[f"{split}/{shard['index']}"] = (shard.get("index_bytes"), shard.get("index_sha256"))
+            if "checksums" in shard:
+                files[f"{split}/{shard['checksums']}"] = (shard.get("checksums_bytes"), shard.get("checksums_sha256"))
         if len(record.get("files", [])) == 1 and "shards" not in record:
             files[record["files"][0]] = (record.get("bytes"), record.get("sha256"))
     return files

@@ -15,7 +15,8 @@ from pathlib import Path
 from pipeline.storage.atomic_files import write_bytes_atomic
 
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1          # raise it when a field changes meaning or a reader needs a new one
+MANIFEST_VERSION = 2          # raise it when a field changes meaning or a reader needs a new one
+# 2: a webdataset shard's per-sample checksums (`checksums`); a version-1 dataset reads, unchecked
 DETAIL_CHARS = 160            # of a parser's complaint, so the error stays one short line
 AGAIN = "convert the dataset again"    # how every error ends: a reader may add the command
 

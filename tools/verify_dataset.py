@@ -1,0 +1,197 @@
+"""Check a converted dataset's bytes, on local disk or at a URL: every file against the size and
+sha256 its manifest records, and every WebDataset sample against the checksum its converter
+recorded (the CRC-32 of its image and label bytes, `shard-NNNNNN.crc32` beside each shard).
+
+    python tools/verify_dataset.py PATH|URL [--splits train,val]
+
+Prints progress, then a summary and every damaged file and sample (`TAR:KEY`, as the loaders name
+them). Exit code 0: clean; 1: damaged (convert the damaged shards again, or the whole dataset);
+2: not a dataset this can read (one line naming it). A dataset converted before per-sample
+checksums is checked file by file, with one line saying its samples are unchecked. FFCV's
+`.beton` is checked whole, by its sha256.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import DatasetError
+from pipeline.formats.converted import CONVERTERS, IMAGE_MEMBER, LABEL_MEMBER
+from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest
+from pipeline.progress import Progress
+from pipeline.storage.urls import is_url, redact
+
+log = logging.getLogger("verify_dataset")
+USAGE_ERROR, DAMAGED = 2, 1
+
+
+class Folder:
+    """A converted dataset's files on local disk."""
+
+    def __init__(self, root: str):
+        self.root, self.name = Path(root), root
+        if not self.root.is_dir():
+            raise DatasetError(f"{root}: no such directory")
+
+    def read(self, name: str) -> bytes | None:
+        """The file's bytes, or None when it is missing."""
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+
+class Remote:
+    """A converted dataset's files at an s3://, gs:// or http(s):// URL."""
+
+    def __init__(self, url: str):
+        from pipeline.storage.object_store import open_store
+        self.store, self.name = open_store(url), redact(url)
+
+    def read(self, name: str) -> bytes | None:
+        from pipeline.errors import RemoteDataError
+        try:
+            return self.store.read(name)
+        except RemoteDataError as error:
+            if "404" in str(error) or "not found" in str(error).lower():
+                return None
+            raise
+
+
+def open_dataset(path: str):
+    source = Remote(path) if is_url(path) else Folder(path)
+    text = source.read(MANIFEST)
+    if text is None:
+        raise DatasetError(f"{source.name}: no {MANIFEST}; not a converted dataset (convert one with "
+                           f"{CONVERTERS['webdataset']} or {CONVERTERS['ffcv']})")
+    return source, parse_manifest(text.decode("utf-8", errors="replace"), f"{source.name}/{MANIFEST}")
+
+
+def file_problem(data: bytes | None, size: int | None, sha256: str | None) -> str | None:
+    """What is wrong with a file against its manifest record, or None."""
+    if data is None:
+        return "missing"
+    if size is not None and len(data) != size:
+        return f"{len(data):,} bytes, the manifest says {size:,}" + (" (truncated)" if len(data) < size else "")
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        return "its sha256 differs from the manifest's: its bytes changed"
+    return None
+
+
+def index_members(text: str) -> list[tuple[str, int, int, int]]:
+    """(key, image offset, image size, label offset) per sample of a DALI-style index."""
+    samples = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        members = {ext: (int(start), int(size), name) for ext, start, size, name in
+                   zip(fields[0::4], fields[1::4], fields[2::4], fields[3::4])}
+        image_at, image_size, name = members[IMAGE_MEMBER]
+        samples.append((name.rsplit(".", 1)[0], image_at, image_size, members[LABEL_MEMBER][0]))
+    return samples
+
+
+def damaged_samples(tar: bytes, members, checksums: np.ndarray) -> list[tuple[str, str]]:
+    """(key, why) of each sample whose bytes fail the checksum recorded for it."""
+    found = []
+    for (key, image_at, image_size, label_at), recorded in zip(members, checksums.tolist()):
+        if max(image_at + image_size, label_at + 4) > len(tar):
+            found.append((key, "past the end of the tar (truncated)"))
+        elif zlib.crc32(tar[label_at:label_at + 4], zlib.crc32(tar[image_at:image_at + image_size])) != recorded:
+            found.append((key, "its bytes fail the checksum recorded at conversion"))
+    return found
+
+
+def verify(source, manifest: dict, splits: list[str]) -> dict:
+    """Every file and sample of `splits` checked: {"files", "samples", "bytes", "damaged_files", "damaged_samples",
+    "unchecked_splits"}."""
+    records = {split: manifest["splits"][split] for split in splits}
+    units = [(split, shard) for split, record in records.items() for shard in record.get("shards", [])] + \
+            [(split, None) for split, record in records.items() if "shards" not in record]
+    report = {"files": 0, "samples": 0, "bytes": 0, "damaged_files": [], "damaged_samples": [], "unchecked_splits": []}
+    with Progress(total=len(units), desc=f"verify {source.name}", unit="shard") as progress:
+        for split, shard in units:
+            record = records[split]
+            if shard is None:        # one file for the split (FFCV's .beton)
+                for name in record.get("files", []):
+                    check_file(source, name, record.get("bytes"), record.get("sha256"), report)
+            else:
+                check_shard(source, split, shard, report)
+            progress.update(1)
+            progress.set_postfix(MB=f"{report['bytes'] / 1e6:,.0f}")
+    report["unchecked_splits"] = [split for split, record in records.items()
+                                  if "shards" in record and not all("checksums" in s for s in record["shards"])]
+    return report
+
+
+def check_file(source, name: str, size, sha256, report: dict) -> bytes | None:
+    data = source.read(name)
+    report["files"] += 1
+    report["bytes"] += len(data or b"")
+    problem = file_problem(data, size, sha256)
+    if problem:
+        report["damaged_files"].append((f"{source.name}/{name}", problem))
+    return data
+
+
+def check_shard(source, split: str, shard: dict, report: dict) -> None:
+    tar_name = f"{split}/{shard['tar']}"
+    tar = check_file(source, tar_name, shard.get("bytes"), shard.get("sha256"), report)
+    index = check_file(source, f"{split}/{shard['index']}", shard.get("index_bytes"), shard.get("index_sha256"), report)
+    report["samples"] += shard["count"]
+    if "checksums" not in shard or tar is None or index is None:
+        return
+    checksums = check_file(source, f"{split}/{shard['checksums']}", shard.get("checksums_bytes"),
+                           shard.get("checksums_sha256"), report)
+    if checksums is None or len(checksums) != 4 * shard["count"]:
+        return
+    try:
+        members = index_members(index.decode("ascii"))
+    except (UnicodeDecodeError, ValueError, KeyError):
+        return                                  # a damaged index is reported as a damaged file
+    for key, why in damaged_samples(tar, members, np.frombuffer(checksums, "<u4")):
+        report["damaged_samples"].append((f"{source.name}/{tar_name}:{key}", why))
+
+
+def summary(report: dict, seconds: float) -> list[str]:
+    rate = f"{report['bytes'] / 1e6:,.0f} MB in {seconds:.1f} s, {report['bytes'] / 1e6 / max(seconds, 1e-9):,.0f} MB/s"
+    damaged = report["damaged_files"] or report["damaged_samples"]
+    lines = [f"{'DAMAGED' if damaged else 'clean'}: {report['files']} files, {report['samples']:,} samples ({rate}); "
+             f"{len(report['damaged_files'])} damaged files, {len(report['damaged_samples'])} damaged samples"]
+    lines += [f"  {name}: {why}" for name, why in report["damaged_files"]]
+    lines += [f"  {name}: {why}" for name, why in report["damaged_samples"]]
+    if report["unchecked_splits"]:
+        lines.append(f"samples unchecked in {', '.join(report['unchecked_splits'])}: converted before per-sample "
+                     f"checksums; convert again with {CONVERTERS['webdataset']} to have them checked")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", help="a converted dataset: a folder, or an s3://, gs:// or http(s):// URL")
+    parser.add_argument("--splits", help="comma-separated (default: every split of the manifest)")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    try:
+        source, manifest = open_dataset(args.path)
+        splits = args.splits.split(",") if args.splits else list(manifest.get("splits", {}))
+        unknown = [split for split in splits if split not in manifest.get("splits", {})]
+        if unknown:
+            raise DatasetError(f"{source.name}: no split {unknown[0]!r} in its manifest "
+                               f"(it has {', '.join(manifest.get('splits', {}))})")
+        report = verify(source, manifest, splits)
+    except (DatasetError, ManifestError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    print("\n".join(summary(report, time.perf_counter() - started)), flush=True)
+    return DAMAGED if report["damaged_files"] or report["damaged_samples"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
