@@ -58,6 +58,7 @@ class LoaderSpec:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     on_corrupt: str = "skip"            # a sample that fails to decode: "skip" (counted) or "raise"
+    verify: bool = True                 # check each webdataset sample against its recorded checksum
     num_classes: Optional[int] = None   # synthetic only; the others read it from the data
     synthetic_size: int = 10_000        # synthetic only: samples per epoch over all ranks
     measured_results: Optional[str] = None   # auto: the folder of per-machine loader figures; None: probe

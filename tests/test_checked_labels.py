@@ -1,6 +1,7 @@
 """Labels are checked against the dataset's classes where they are read, on every backend: a label
-past the last class (one flipped byte in a shard, a manifest that lost classes) is a damaged
-sample under the on_corrupt policy, named, never a target the loss meets."""
+past the last class (one flipped byte in a shard read unchecked, a manifest that lost classes) is
+a damaged sample under the on_corrupt policy, named, never a target the loss meets. (With
+data.verify on, a flipped byte fails its sample's checksum first: tests/test_verified_reads.py.)"""
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ def flipped_label(converted_sets, tmp_path):
 
 def spec(path, backend, **options) -> LoaderSpec:
     return LoaderSpec(backend, path=str(path), split="train", batch_size=8, resolution=32, num_workers=1,
-                      drop_last=False, **options)
+                      drop_last=False, **{"verify": False, **options})
 
 
 def epoch_labels(loader) -> list[int]:

@@ -436,7 +436,7 @@ def test_corrupt_samples_are_skipped_and_counted_or_raised(converted_sets, tmp_p
             with caplog.at_level("WARNING", logger="pipeline"):
                 seen = sum(len(labels) for _, labels in loader)
             assert (seen, loader.corrupt_in_epoch) == (91, 1), path
-            assert "skipped 1 undecodable samples" in caplog.text
+            assert "skipped 1 damaged samples" in caplog.text
             strict = build_loader(LoaderSpec(backend, path=str(path), on_corrupt="raise", **options))
             from pipeline.errors import CorruptSample
             one_line_error(CorruptSample, name, lambda: [None for _ in strict])

@@ -42,6 +42,7 @@ class DataConfig:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     on_corrupt: Literal["skip", "raise"] = "skip"
+    verify: bool = True                   # each webdataset sample checked against its recorded CRC-32 (off: unchecked)
     num_classes: Optional[int] = None     # synthetic only
     synthetic_size: int = 10_000          # synthetic only
     measured_results: str = ""            # auto: the folder of per-machine loader figures ('': probe)
@@ -57,7 +58,7 @@ class DataConfig:
                           val_crop_ratio=self.val_crop_ratio, scale=self.scale,
                           ratio=self.ratio, colout=self.colout, randaugment=self.randaugment,
                           num_workers=self.num_workers, hw_decoder_load=self.hw_decoder_load, mean=self.mean,
-                          std=self.std, on_corrupt=self.on_corrupt, num_classes=self.num_classes,
+                          std=self.std, on_corrupt=self.on_corrupt, verify=self.verify, num_classes=self.num_classes,
                           synthetic_size=self.synthetic_size,
                           measured_results=self.measured_results or None, cache_dir=self.cache_dir or None,
                           cache_limit=self.cache_limit, fetch_size=self.fetch_size,

@@ -42,7 +42,7 @@ from pipeline.formats.converted import is_converted
 from pipeline.storage.urls import is_url
 from pipeline.transforms.randaugment import SEVERITY_BINS
 from pipeline.remote.shards import RemoteShards
-from pipeline.shards.index import StoredShards
+from pipeline.shards.index import StoredShards, check_reads
 from pipeline.loader.sharding import rank_batches, rank_sample_count, rank_samples
 from pipeline.spec import LoaderSpec
 
@@ -60,6 +60,7 @@ class DALILoader(Loader):
             # its source reads the batch after the one DALI is given (`_PlannedBatches`)
             self.stored = (RemoteShards(shards.shards, shards.remote, spec.fetch_size, reads_ahead=2) if shards.remote
                            else StoredShards(shards.shards))
+            check_reads(self.stored, spec)
             classes, self.files, self.count = shards.classes, None, shards.count
         else:
             classes, self.files = read_folder(spec.path, spec.split)

@@ -17,7 +17,7 @@ from pipeline.datasets import read_converted
 from pipeline.loader.workers import PREFETCH_FACTOR, BatchKeys, torch_dataloader
 from pipeline.shards.engine_batches import PREFETCH_BATCHES, EngineBatches
 from pipeline.remote.shards import RemoteShards
-from pipeline.shards.index import StoredShards
+from pipeline.shards.index import StoredShards, check_reads
 from pipeline.shards.worker_batches import KeysWithSamples, WorkerBatches
 from pipeline.spec import LoaderSpec
 
@@ -34,6 +34,7 @@ class WebDatasetLoader(Loader):
         reads_ahead = PREFETCH_BATCHES + 2 if self.uses_engine else max(1, spec.num_workers) * PREFETCH_FACTOR + 2
         self.stored = (RemoteShards(data.shards, data.remote, spec.fetch_size, reads_ahead) if data.remote
                        else StoredShards(data.shards))
+        check_reads(self.stored, spec)
         self._plan: list[np.ndarray] = []
         super().__init__(spec, len(data.classes))
         self.engine = EngineBatches(self.stored, spec, self.device, self.num_classes) if self.uses_engine else None

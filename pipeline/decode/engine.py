@@ -45,7 +45,7 @@ class _BatchJob(ctypes.Structure):
                 ("oversample_x100", ctypes.c_int), ("restarts", ctypes.c_int), ("scale_mask", ctypes.c_uint),
                 ("scale_lo", ctypes.c_double), ("scale_hi", ctypes.c_double), ("log_ratio_lo", ctypes.c_double),
                 ("log_ratio_hi", ctypes.c_double), ("val_crop_ratio", ctypes.c_double),
-                ("fds", _p), ("bases", _p), ("image_at", _p), ("image_size", _p), ("label_at", _p),
+                ("fds", _p), ("bases", _p), ("image_at", _p), ("image_size", _p), ("label_at", _p), ("checksums", _p),
                 ("uniforms", _p), ("uniforms_per_sample", ctypes.c_int), ("sample_ids", _p),
                 ("seed", ctypes.c_longlong), ("epoch", ctypes.c_longlong), ("keep_rows", _p), ("keep_cols", _p),
                 ("out", _p), ("out_float", _p), ("scale", ctypes.c_float * 3), ("offset", ctypes.c_float * 3),
@@ -56,7 +56,7 @@ class _BatchJob(ctypes.Structure):
 def load(flags: tuple[str, ...] = ("-march=native",), library: Path | None = None) -> ctypes.CDLL:
     """The engine compiled for this machine's CPU (its SIMD paths), or with other `flags` into
     another `library` file (the tests build the plain-C one)."""
-    library = load_library(SOURCE, libraries=("jpeg", "pthread", "m"), flags=flags, library=library,
+    library = load_library(SOURCE, libraries=("jpeg", "z", "pthread", "m"), flags=flags, library=library,
                            check="engine_check")
     library.engine_decode_batch.argtypes = [ctypes.POINTER(_BatchJob)]
     int_p = ctypes.POINTER(ctypes.c_int)
@@ -84,12 +84,14 @@ class StoredSamples:
     image_size: np.ndarray      # int64
     label_at: np.ndarray        # int64
     bases: np.ndarray | None = None     # uint64 addresses, 0 where the sample is read from its fd
+    checksums: np.ndarray | None = None     # uint32, each sample's recorded CRC-32; None: unchecked
 
 
 @dataclass
 class DecodedBatch:
     labels: np.ndarray          # int32, per sample
     failed: list[tuple[int, str]]   # (position in the batch, libjpeg's message) of samples left to Pillow
+    damaged: list[tuple[int, str]]  # (position, why) of samples whose bytes fail their recorded checksum
     scales: np.ndarray          # the M of the DCT scale M/8 each sample was decoded at
     stage_seconds: np.ndarray   # (len(STAGES),) CPU seconds summed over the batch's samples
     python_seconds: float       # this thread's CPU time outside the C call (the uniforms, ColOut's draws)
@@ -126,6 +128,8 @@ def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int
                   sample_ids=np.ascontiguousarray(samples.sample_ids, np.int64),
                   labels=np.empty(count, np.int32), status=np.empty(count, np.int32),
                   scale_used=np.zeros(count, np.int32), stage_seconds=np.zeros((count, len(STAGES))))
+    if samples.checksums is not None:
+        arrays["checksums"] = np.ascontiguousarray(samples.checksums, np.uint32)
     messages = ctypes.create_string_buffer(MESSAGE_SIZE * max(count, 1))
     keep_rows = keep_cols = uniforms = None
     if spec.train and spec.colout:      # ColOut's generator is seeded from the uniforms: Python draws them
@@ -144,9 +148,12 @@ def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int
                **{name: array.ctypes.data for name, array in arrays.items()})
     python_seconds = time.thread_time() - started
     (library or _library).engine_decode_batch(ctypes.byref(job))
-    failed = [(int(i), messages.raw[i * MESSAGE_SIZE:(i + 1) * MESSAGE_SIZE].split(b"\0", 1)[0].decode(errors="replace"))
-              for i in np.flatnonzero(arrays["status"])]
-    return DecodedBatch(arrays["labels"], failed, arrays["scale_used"], arrays["stage_seconds"].sum(0), python_seconds)
+    def said(i) -> str:
+        return messages.raw[i * MESSAGE_SIZE:(i + 1) * MESSAGE_SIZE].split(b"\0", 1)[0].decode(errors="replace")
+    status = arrays["status"]
+    return DecodedBatch(arrays["labels"], [(int(i), said(i)) for i in np.flatnonzero(status == -1)],
+                        [(int(i), said(i)) for i in np.flatnonzero(status == -2)], arrays["scale_used"],
+                        arrays["stage_seconds"].sum(0), python_seconds)
 
 
 def crop_boxes(spec: LoaderSpec, epoch: int, sample_ids, sizes, side: int = 64) -> list[tuple[tuple[int, ...], bool]]:

@@ -33,6 +33,8 @@ class Shard:
     members: Optional[np.ndarray] = None
     # a shard in object storage: its name in the store (`tar` is then its redacted URL, for messages)
     object_name: Optional[str] = None
+    # per sample: the CRC-32 of its image then label bytes, from `shard-NNNNNN.crc32`; None: unrecorded
+    checksums: Optional[np.ndarray] = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ def read_local_converted(root: Path, split: str, expected_format: str) -> Conver
         directory = root / split
         shards.append(Shard(directory / shard["tar"], directory / shard["index"], shard["count"], first))
         shards[-1].members = member_table(shards[-1], _size_or_none(shards[-1].tar))
+        if "checksums" in shard:
+            shards[-1].checksums = checksum_table(shards[-1], directory / shard["checksums"])
         first += shard["count"]
     files = [root / name for name in record["files"]]
     for file in files:
@@ -138,6 +142,18 @@ def _check_size(file: Path, expected: int, converter: str) -> None:
     if size != expected:
         raise DatasetError(f"{file}: {size if size is not None else 'missing'} bytes where the manifest says "
                            f"{expected}: truncated or changed; run {converter} again")
+
+
+def checksum_table(shard: Shard, path: Path) -> np.ndarray:
+    """The shard's per-sample checksums (uint32), checked to be one a sample."""
+    try:
+        table = np.fromfile(path, "<u4")
+    except (OSError, ValueError) as error:
+        raise DatasetError(f"{path}: unreadable checksums ({error}); run {CONVERTERS['webdataset']} again") from None
+    if len(table) != shard.count:
+        raise DatasetError(f"{path}: {len(table)} checksums where the manifest says {shard.count} samples; "
+                           f"run {CONVERTERS['webdataset']} again")
+    return table
 
 
 def member_table(shard: Shard, tar_size: Optional[int] = None) -> np.ndarray:

@@ -71,7 +71,7 @@ class Loader:
         self.epoch = 0
         self.position = 0                 # batches yielded so far in this epoch
         self._resume_from = 0
-        self.corrupt_in_epoch = 0         # samples skipped as undecodable, this epoch
+        self.corrupt_in_epoch = 0         # damaged samples skipped (undecodable, failing their checksum or class), this epoch
         self.corrupt_total = 0
         self.device = torch.device(spec.device)
         self._mean = 255 * torch.tensor(spec.mean, device=self.device).view(1, 3, 1, 1)
@@ -117,7 +117,7 @@ class Loader:
                 raise
             raise LoaderWorkerDied(self.spec.backend, str(error), self.spec.split) from None
         if self.corrupt_in_epoch:
-            log.warning("%s loader, %s split, epoch %d: skipped %d undecodable samples (%d so far)",
+            log.warning("%s loader, %s split, epoch %d: skipped %d damaged samples (%d so far)",
                         self.spec.backend, self.spec.split, self.epoch, self.corrupt_in_epoch, self.corrupt_total)
 
     def state_dict(self) -> dict:

@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <jpeglib.h>
+#include <zlib.h>
 #include "jpeg_errors.h"
 #include "jpeg_restarts.h"
 #include "numpy_random.h"
@@ -52,6 +53,8 @@ typedef struct {
     const unsigned char *const *bases;            /* per sample, the memory holding it, or NULL (or a NULL
                                                      array): read from its fd; offsets count from there */
     const long long *image_at, *image_size, *label_at;
+    const unsigned *checksums;                    /* per sample, the CRC-32 of its image then label bytes as
+                                                     the converter recorded it, or NULL: unchecked */
     const double *uniforms;                       /* count x uniforms_per_sample, or NULL: drawn here */
     int uniforms_per_sample;
     const long long *sample_ids;                  /* what the uniforms are drawn from, with: */
@@ -85,6 +88,7 @@ typedef struct {                                  /* one thread's decoder and gr
     unsigned char *cut;                           /* the JPEG of the crop's MCUs (jpeg_restarts.h) */
     size_t cut_size;
     axis_weights across, down;
+    int damaged;                                  /* the sample failed its checksum: no other decoder tries it */
 } worker;
 
 static double now(void) {
@@ -329,9 +333,17 @@ static const unsigned char *read_sample(worker *self, const batch_job *job, int 
         bytes = self->bytes;
     }
     const unsigned char *label = bytes + (job->label_at[i] - first);
+    *image_offset = job->image_at[i] - first;
+    if (job->checksums) {                 /* before anything is taken from the bytes */
+        uLong crc = crc32(crc32(0L, bytes + *image_offset, (uInt)job->image_size[i]), label, 4);
+        if ((unsigned)crc != job->checksums[i]) {
+            self->damaged = 1;
+            refuse(&self->errors, "its bytes fail the checksum recorded at conversion (CRC-32 %08x, recorded %08x)",
+                   (unsigned)crc, job->checksums[i]);
+        }
+    }
     job->labels[i] = (int)((unsigned)label[0] | (unsigned)label[1] << 8 | (unsigned)label[2] << 16 |
                            (unsigned)label[3] << 24);
-    *image_offset = job->image_at[i] - first;
     return bytes;
 }
 
@@ -459,7 +471,8 @@ static void *work(void *argument) {
         self.errors.message_size = job->message_size;
         if (setjmp(self.errors.escape)) {
             jpeg_abort_decompress(&self.info);      /* the decoder is reusable for the next sample */
-            job->status[i] = -1;
+            job->status[i] = self.damaged ? -2 : -1;
+            self.damaged = 0;
             continue;
         }
         make_sample(&self, job, i);

@@ -28,7 +28,7 @@ from pipeline.storage.atomic_files import FULL_DISK, write_bytes_atomic
 from pipeline.remote.block_cache import BlockCache
 from pipeline.spec import parse_size
 from pipeline.errors import DatasetError, RemoteDataError
-from pipeline.formats.converted import CONVERTERS, ConvertedSplit, Shard, member_table, split_record
+from pipeline.formats.converted import CONVERTERS, ConvertedSplit, Shard, checksum_table, member_table, split_record
 from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest
 from pipeline.storage.object_store import ObjectStore, open_store
 from pipeline.storage.errors import RemoteNotFound
@@ -86,14 +86,16 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
         if not (folder / MANIFEST).exists():
             write_bytes_atomic(folder / MANIFEST, raw, durable=False)
         with ThreadPoolExecutor(INDEX_FETCHES) as pool:
-            fetches = [pool.submit(_fetch_index, store, f"{split}/{entry['index']}", shard.index)
-                       for shard, entry in zip(shards, record.get("shards", []))]
+            fetches = [pool.submit(_fetch_index, store, f"{split}/{entry[kind]}", folder / split / entry[kind])
+                       for entry in record.get("shards", []) for kind in ("index", "checksums") if kind in entry]
             if shards:
                 fetches.append(pool.submit(_check_ranges, store, shards[0].object_name))
             for fetch in fetches:
                 fetch.result()               # the first failure, as its one line
-        for shard in shards:
+        for shard, entry in zip(shards, record.get("shards", [])):
             shard.members = member_table(shard)
+            if "checksums" in entry:
+                shard.checksums = checksum_table(shard, folder / split / entry["checksums"])
         files = [Path(name) for name in record["files"]]
         if kind == "ffcv":      # FFCV memory-maps its file: read from a local copy, checked against the manifest
             files = [_staged_beton(store, record, folder)]

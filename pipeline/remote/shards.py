@@ -61,14 +61,14 @@ class RemoteShards(StoredShards):
             base = self.block_start[self.block_of[ids]]
             members = self.members[ids]
             yield decode_engine.StoredSamples(ids, fds[reads.which], members[:, 0] - base, members[:, 1],
-                                              members[:, 2] - base, bases=bases[reads.which])
+                                              members[:, 2] - base, bases=bases[reads.which],
+                                              checksums=self.checksums[ids] if self.checksums is not None else None)
 
     def read(self, sample_id: int) -> tuple[bytes, int]:
         image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
         first, end = min(image_at, label_at), max(image_at + image_size, label_at + 4)
         chunk = self.blocks.read(int(self.block_of[sample_id]), first, end)
-        label = int.from_bytes(chunk[label_at - first:label_at - first + 4], "little", signed=True)
-        return chunk[image_at - first:image_at - first + image_size], label
+        return self.checked(sample_id, chunk, image_at - first, image_size, label_at - first)
 
     def read_ahead(self, plan: list[np.ndarray], start: int,
                    following: Callable[[], list[np.ndarray]] | None = None) -> None:

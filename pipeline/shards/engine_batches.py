@@ -70,8 +70,13 @@ class EngineBatches:
             decoded = decode_engine.decode_batch(samples, self.spec, epoch, side, out, threads=self.spec.num_workers)
         fallback_started = time.thread_time()
         labels = torch.from_numpy(decoded.labels.astype(np.int64))
+        failed_checksum = [position for position, _ in decoded.damaged]
+        labels[failed_checksum] = 0                 # never read from their bytes: the checksum names them
         bad, errors = damaged_labels(labels, self.num_classes, lambda position: self.stored.name(int(ids[position])))
         kept = ~bad.numpy()
+        for position, why in decoded.damaged:       # no other decoder tries them
+            kept[position] = False
+            errors.append(f"{self.stored.name(int(ids[position]))}: {why}")
         for position, _ in decoded.failed:
             if not kept[position]:
                 continue

@@ -14,12 +14,17 @@ How an epoch is cut up, so that it is exact and resumable while still streaming:
   step's samples depend on G alone, never on the world size, and each rank still reads one
   contiguous part of the stream, its own, as b runs of samples side by side;
 - each sample is read in one `pread` of its image and label at the offsets the index gives
-  (no tar header parsed, nothing unpickled, only the `.jpg` and `.lbl` members).
+  (no tar header parsed, nothing unpickled, only the `.jpg` and `.lbl` members), and checked
+  against the CRC-32 its converter recorded before anything is taken from it (in C by the decode
+  engine, here by `read`); `checksums = None` (data.verify=off, or a dataset converted before
+  checksums) reads unchecked.
 """
 from __future__ import annotations
 
 import bisect
+import logging
 import os
+import zlib
 from contextlib import contextmanager
 
 import numpy as np
@@ -27,12 +32,16 @@ import numpy as np
 from pipeline.decode import engine as decode_engine
 from pipeline.shards.buffer_shuffle import buffer_shuffle
 from pipeline.transforms.crops import sample_seed
-from pipeline.errors import DatasetError
+from pipeline.errors import CorruptSample, DatasetError
 from pipeline.formats.converted import CONVERTERS, SampleName, Shard
 from pipeline.loader.sharding import batch_count, rank_range
 from pipeline.spec import LoaderSpec
+from pipeline.storage.urls import redact
+
+log = logging.getLogger(__name__)
 
 SHUFFLE_BUFFER = 1000       # samples held back for shuffling, over all ranks together
+_said_unchecked: set[str] = set()
 
 
 def stream_pieces(counts: list[int], lo: int, hi: int, epoch: int, seed: int,
@@ -55,6 +64,17 @@ def stream_pieces(counts: list[int], lo: int, hi: int, epoch: int, seed: int,
     return pieces
 
 
+def check_reads(stored: "StoredShards", spec: LoaderSpec) -> None:
+    """Reads checked against the recorded checksums unless spec.verify is off; a dataset converted
+    before checksums reads unchecked, which is said once per dataset."""
+    if not spec.verify:
+        stored.checksums = None
+    elif stored.checksums is None and stored.shards and str(spec.path) not in _said_unchecked:
+        _said_unchecked.add(str(spec.path))
+        log.warning("%s: converted before per-sample checksums, so its samples are read unchecked; convert it "
+                    "again with %s to have them checked", redact(str(spec.path)), CONVERTERS["webdataset"])
+
+
 def unreadable(tar, error: OSError) -> DatasetError:
     return DatasetError(f"{tar}: unreadable shard ({error.strerror or error}); run {CONVERTERS['webdataset']} again")
 
@@ -69,6 +89,8 @@ class StoredShards:
         self.counts = [shard.count for shard in shards]
         self.shard_of = np.repeat(np.arange(len(shards), dtype=np.int32), self.counts)
         self.members = np.concatenate([shard.members for shard in shards]) if shards else np.empty((0, 3), np.int64)
+        recorded = shards and all(shard.checksums is not None for shard in shards)
+        self.checksums = np.concatenate([shard.checksums for shard in shards]) if recorded else None
         self._files: dict[int, int] = {}
         self._opened_by = os.getpid()
 
@@ -136,7 +158,8 @@ class StoredShards:
         shards, which = np.unique(self.shard_of[ids], return_inverse=True)      # one fd lookup a shard
         fds = np.array([self.fd(int(shard)) for shard in shards], np.int32)[which]
         members = self.members[ids]
-        yield decode_engine.StoredSamples(ids, fds, members[:, 0], members[:, 1], members[:, 2])
+        yield decode_engine.StoredSamples(ids, fds, members[:, 0], members[:, 1], members[:, 2],
+                                          checksums=self.checksums[ids] if self.checksums is not None else None)
 
     def name(self, sample_id: int) -> SampleName:
         shard = self.shards[int(self.shard_of[sample_id])]
@@ -151,8 +174,18 @@ class StoredShards:
             chunk = os.pread(self.fd(shard_index), max(image_at + image_size, label_at + 4) - first, first)
         except OSError as error:
             raise unreadable(self.shards[shard_index].tar, error) from None
-        label = int.from_bytes(chunk[label_at - first:label_at - first + 4], "little", signed=True)
-        return chunk[image_at - first:image_at - first + image_size], label
+        return self.checked(sample_id, chunk, image_at - first, image_size, label_at - first)
+
+    def checked(self, sample_id: int, chunk, image_at: int, image_size: int, label_at: int) -> tuple[bytes, int]:
+        """(image bytes, label) of a sample read into `chunk`, its image and label at those offsets in it;
+        a CorruptSample naming it when its bytes fail the checksum recorded for it."""
+        image, label_bytes = chunk[image_at:image_at + image_size], chunk[label_at:label_at + 4]
+        if self.checksums is not None:
+            crc = zlib.crc32(label_bytes, zlib.crc32(image))
+            if crc != int(self.checksums[sample_id]):
+                raise CorruptSample(f"{self.name(sample_id)}: its bytes fail the checksum recorded at conversion "
+                                    f"(CRC-32 {crc:08x}, recorded {int(self.checksums[sample_id]):08x})")
+        return image, int.from_bytes(label_bytes, "little", signed=True)
 
     def close(self) -> None:
         if self._opened_by == os.getpid():

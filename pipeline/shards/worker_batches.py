@@ -12,6 +12,7 @@ from __future__ import annotations
 from torch.utils.data import Dataset
 
 from pipeline.decode.pillow_sample import collate, load_or_report
+from pipeline.errors import CorruptSample
 from pipeline.shards.index import StoredShards
 from pipeline.spec import LoaderSpec
 
@@ -28,11 +29,13 @@ class WorkerBatches(Dataset):
 
     def __getitem__(self, key):
         epoch, side, ids, *carried = key
-        samples = carried[0] if carried else [self.stored.read(sample_id) for sample_id in ids.tolist()]
+        samples = carried[0] if carried else [read_or_report(self.stored, sample_id) for sample_id in ids.tolist()]
         images, labels = [], []
         for sample_id, (jpeg, label) in zip(ids.tolist(), samples):
             name = self.stored.name(sample_id)
-            if not 0 <= label < self.num_classes:       # a damaged label: reported like an undecodable image
+            if isinstance(jpeg, str):                   # its bytes failed their checksum
+                images.append(jpeg)
+            elif not 0 <= label < self.num_classes:     # a damaged label: reported like an undecodable image
                 images.append(f"{name}: label {label} is not one of the {self.num_classes} classes, a damaged sample")
             else:
                 images.append(load_or_report(jpeg, self.spec, name=name, sample_id=sample_id, epoch=epoch, side=side,
@@ -55,4 +58,12 @@ class KeysWithSamples:
         if isinstance(index, slice):
             return KeysWithSamples(self.stored, self.keys[index])
         epoch, side, ids = self.keys[index]
-        return epoch, side, ids, [self.stored.read(sample_id) for sample_id in ids.tolist()]
+        return epoch, side, ids, [read_or_report(self.stored, sample_id) for sample_id in ids.tolist()]
+
+
+def read_or_report(stored: StoredShards, sample_id: int) -> tuple:
+    """(JPEG bytes, label), or (the message, 0) for a sample whose bytes fail their checksum."""
+    try:
+        return stored.read(sample_id)
+    except CorruptSample as damaged:
+        return str(damaged), 0

@@ -1,0 +1,87 @@
+"""Verified reads: each webdataset sample is checked against the CRC-32 its converter recorded
+before it is decoded (in C by the decode engine, in Python for the Pillow workers and DALI's
+source). A flipped byte in an image or a label, or a run of zeros in a JPEG body, is a damaged
+sample under on_corrupt, named; data.verify=off reads unchecked; a dataset converted before
+checksums reads unchecked, saying so once."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+
+from pipeline import LoaderSpec, build_loader
+from pipeline.errors import CorruptSample, DatasetError
+from pipeline.formats.converted import read_local_converted
+from pipeline.shards.index import StoredShards
+
+PATHS = [("webdataset", {}), ("webdataset", {"native_decode": False})]
+
+
+def damaged_copy(converted_sets, tmp_path, where: str, number: int = 9):
+    """A copy of the fashion conversion with one train sample damaged; (path, its name, samples)."""
+    copy = tmp_path / "fashion_wds"
+    shutil.copytree(converted_sets["fashion"]["webdataset"], copy)
+    stored = StoredShards(read_local_converted(copy, "train", "webdataset").shards)
+    image_at, image_size, label_at = (int(v) for v in stored.members[number])
+    tar = stored.shards[int(stored.shard_of[number])].tar
+    data = bytearray(tar.read_bytes())
+    if where == "image":
+        data[image_at + image_size // 2] ^= 0x20
+    elif where == "label":
+        data[label_at] ^= 0x01          # still one of the classes: only the checksum tells
+    else:
+        data[image_at + image_size // 4:image_at + image_size // 4 + 64] = bytes(64)
+    tar.write_bytes(bytes(data))
+    return copy, str(stored.name(number)), len(stored)
+
+
+def spec(path, backend, **options) -> LoaderSpec:
+    return LoaderSpec(backend, path=str(path), split="train", batch_size=8, resolution=32, num_workers=1,
+                      drop_last=False, **options)
+
+
+def epoch(loader) -> int:
+    return sum(len(labels) for _, labels in loader)
+
+
+@pytest.mark.parametrize("where", ["image", "label", "zeros"])
+@pytest.mark.parametrize("backend,options", PATHS, ids=["engine", "workers"])
+def test_a_damaged_sample_fails_its_checksum_and_is_skipped_and_named(converted_sets, tmp_path, where, backend,
+                                                                      options):
+    path, name, samples = damaged_copy(converted_sets, tmp_path, where)
+    loader = build_loader(spec(path, backend, **options))
+    assert epoch(loader) == samples - 1 and loader.corrupt_in_epoch == 1
+    with pytest.raises(CorruptSample) as raised:
+        epoch(build_loader(spec(path, backend, on_corrupt="raise", **options)))
+    [line] = str(raised.value).splitlines()
+    assert line.startswith(f"{name}: its bytes fail the checksum recorded at conversion"), line
+    unchecked = build_loader(spec(path, backend, verify=False, **options))
+    assert epoch(unchecked) == samples and unchecked.corrupt_in_epoch == 0     # what verify=off gives back
+
+
+def test_dali_stops_on_a_damaged_sample_naming_it(converted_sets, tmp_path):
+    pytest.importorskip("nvidia.dali")
+    path, name, _ = damaged_copy(converted_sets, tmp_path, "image")
+    with pytest.raises((CorruptSample, DatasetError)) as raised:
+        epoch(build_loader(spec(path, "dali")))
+    assert f"{name}: its bytes fail the checksum recorded at conversion" in str(raised.value)
+
+
+def test_a_dataset_converted_before_checksums_reads_unchecked_and_says_so_once(converted_sets, tmp_path, caplog):
+    copy = tmp_path / "old_wds"
+    shutil.copytree(converted_sets["fashion"]["webdataset"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["manifest_version"] = 1
+    for split, record in manifest["splits"].items():
+        for shard in record["shards"]:
+            (copy / split / shard.pop("checksums")).unlink()
+        record["files"] = [name for name in record["files"] if not name.endswith(".crc32")]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING):
+        first = build_loader(spec(copy, "webdataset"))
+        build_loader(spec(copy, "webdataset"))
+    assert first.stored.checksums is None and epoch(first) == len(first.stored)
+    said = [r.getMessage() for r in caplog.records if "converted before per-sample checksums" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"{copy}: converted before") and "convert_wds.py" in said[0]
