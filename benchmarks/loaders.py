@@ -73,13 +73,15 @@ from pipeline.datasets import REMOTE_BACKENDS
 # name -> (how it is built, the data form it reads)
 CONFIGURATIONS = {
     "folder": ("folder", "raw"), "webdataset": ("webdataset", "wds"), "webdataset-pillow": ("webdataset", "wds"),
-    "webdataset-plain": ("webdataset", "wds-plain"),
+    "webdataset-plain": ("webdataset", "wds-plain"), "webdataset-unverified": ("webdataset", "wds"),
     "ffcv": ("ffcv", "ffcv"),
     "ffcv-proportion": ("ffcv", "ffcv-proportion"), "ffcv-bare": ("ffcv-bare", "ffcv"),
-    "dali-folder": ("dali", "raw"), "dali-wds": ("dali", "wds"), "dali-bare": ("dali-bare", "wds"),
+    "dali-folder": ("dali", "raw"), "dali-wds": ("dali", "wds"), "dali-wds-unverified": ("dali", "wds"),
+    "dali-bare": ("dali-bare", "wds"),
     "synthetic": ("synthetic", None)}
 # name -> LoaderSpec options it sets beyond the benchmark's own
-SPEC_OPTIONS = {"webdataset-pillow": {"native_decode": False}}   # the webdataset backend's Pillow path
+SPEC_OPTIONS = {"webdataset-pillow": {"native_decode": False},   # the webdataset backend's Pillow path
+                "webdataset-unverified": {"verify": False}, "dali-wds-unverified": {"verify": False}}   # what checks cost
 BOUNDS = ("decode_bound", "gpu_decode_bound")
 # form -> (converter, its options, how `dataset` describes it)
 CONVERSIONS = {
