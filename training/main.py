@@ -16,7 +16,7 @@ import sys
 import torch.distributed as dist
 
 from pipeline.loader.base import LoaderWorkerDied
-from pipeline.errors import DatasetError, RemoteDataError
+from pipeline.errors import CorruptSample, DatasetError, RemoteDataError
 from training.config import ConfigError, load_config
 from training import distributed
 from training.distributed import close_world
@@ -51,6 +51,11 @@ def main(argv=None) -> int:
         if trainer is not None:
             exit_now(f"error: rank {rank}: {error}; the checkpoints are intact: run again with resume=auto "
                      f"once it answers")
+        return finish(f"error: {error}" if rank == 0 else "", USAGE_ERROR)
+    # A damaged sample under on_corrupt=raise, met mid-run by the rank that reads it alone.
+    except CorruptSample as error:
+        if trainer is not None:
+            exit_now(f"error: rank {rank}: {error}; the checkpoints are intact")
         return finish(f"error: {error}" if rank == 0 else "", USAGE_ERROR)
     # Every rank meets these at the same point, so the process group can be closed together.
     except (ConfigError, DatasetError) as error:
@@ -89,9 +94,8 @@ def finish(message: str, code: int) -> int:
 
 def exit_now(message: str) -> None:
     """The one-line message, then exit at once. torch's DataLoader SIGCHLD handler raises wherever
-    this process is when a worker dies: once it did between print's pieces, so a traceback
-    followed the line (a fresh clone's make test, 2026-11-26). Here the handler goes first and
-    the line is one write; an exception before that cannot stop the exit."""
+    this process is when a worker dies, between print's pieces too, and a traceback would follow
+    the line: here the handler goes first and the line is one write."""
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         sys.stdout.flush()

@@ -75,6 +75,7 @@ class Trainer:
         is measured on the model after INIT. `_precision_choice`: what auto picked, and why."""
         auto_on_cuda = self.config.precision == "auto" and self.world.device.type == "cuda"
         self._precision_choice = gpu_precision() if auto_on_cuda else None
+        self._damaged_skipped = [0, 0]          # (train, val) over all ranks, at the end of fit
         if auto_on_cuda:
             self.config = dataclasses.replace(self.config, precision=self._precision_choice["precision"])
 
@@ -261,6 +262,9 @@ class Trainer:
         if last_save != state.step:
             self.save_checkpoint()
         self.engine.fire(Event.FIT_END, state)
+        skipped = torch.tensor([float(state.train_loader.corrupt_total), float(state.val_loader.corrupt_total)],
+                               device=self.world.device)
+        self._damaged_skipped = [int(n) for n in dist.all_reduce_sum(skipped, self.world).tolist()]
         return self._summary()
 
     def _train_epoch(self, save_every: int) -> None:
@@ -270,6 +274,7 @@ class Trainer:
         phases.start()
         interval_start, interval_samples, interval_steps, epoch_samples = time.perf_counter(), 0, 0, 0
         loss_sum = torch.zeros((), device=world.device)
+        skipped_before = state.train_loader.corrupt_total      # damaged samples the loader skipped
         for images, targets in state.train_loader:
             phases.lap("data")
             loss_sum += self.train_step(images, targets)
@@ -277,12 +282,15 @@ class Trainer:
             interval_samples, interval_steps, epoch_samples = (interval_samples + samples, interval_steps + 1,
                                                                epoch_samples + samples)
             if state.step % config.log.interval == 0 or state.batch_in_epoch == state.steps_per_epoch:
-                loss = dist.all_reduce_sum(loss_sum, world).item() / (world.size * interval_steps)
+                skipped = torch.tensor(float(state.train_loader.corrupt_total - skipped_before), device=world.device)
+                loss, skipped = dist.all_reduce_sum(torch.stack([loss_sum, skipped]), world).tolist()
+                loss /= world.size * interval_steps
                 now = time.perf_counter()
                 record = {"epoch": state.epoch, "step": state.step, "wall_s": round(self._wall_seconds(), 3),
                           "train_loss": round(loss, 5), "lr": state.lr,
                           "img_per_s": round(interval_samples / (now - interval_start), 1),
-                          "resolution": list(state.images.shape[-2:])}   # as trained: after the batch's hooks
+                          "resolution": list(state.images.shape[-2:]),   # as trained: after the batch's hooks
+                          **({"damaged_samples_skipped": int(skipped)} if skipped else {})}   # this epoch, all ranks
                 self.log.metrics(record)
                 self.log.advance(0, loss=f"{loss:.3f}", img_s=f"{record['img_per_s']:.0f}", lr=f"{state.lr:.3g}",
                                  res="x".join(map(str, record["resolution"])))
@@ -490,7 +498,9 @@ class Trainer:
                    "epochs": round(state.step / state.steps_per_epoch, 3), "steps": state.step,
                    "world_size": self.world.size, "device": str(self.world.device), "precision": self.config.precision,
                    **({"precision_auto": self._precision_choice} if self._precision_choice else {}),
-                   "step_phases": self.phases.shares()}
+                   "step_phases": self.phases.shares(),
+                   # damaged samples skipped in this session (train, val), over all ranks (loader.corrupt_total)
+                   "damaged_samples_skipped": dict(zip(("train", "val"), self._damaged_skipped))}
         if self.log.fault:
             raise RunFault(self.log.fault)
         try:

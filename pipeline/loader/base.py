@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 
 HANDOVER_ERRORS = (ConnectionError, EOFError)     # how a batch's handover fails when its worker dies
+NAMED_PER_EPOCH = 20        # damaged samples named in a line each, an epoch; the rest only counted
 
 
 def damaged_labels(labels: torch.Tensor, num_classes: int, name_of) -> tuple[torch.Tensor, list[str]]:
@@ -131,9 +132,11 @@ class Loader:
 
     # --- helpers for backends -----------------------------------------------------------
     def _undecodable(self, errors: list[str]) -> None:
-        """Samples of a batch that failed to decode: raise the first, or count them, as the spec says."""
+        """Damaged samples of a batch: raise the first, or name the first few of an epoch and count them all."""
         if errors and self.spec.on_corrupt == "raise":
             raise CorruptSample(f"{errors[0]} (on_corrupt='skip' skips and counts such samples)")
+        for message in errors[:max(0, NAMED_PER_EPOCH - self.corrupt_in_epoch)]:
+            log.warning("%s loader, %s split: skipped %s", self.spec.backend, self.spec.split, message)
         self.corrupt_in_epoch += len(errors)
         self.corrupt_total += len(errors)
 
