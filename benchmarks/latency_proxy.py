@@ -7,7 +7,10 @@ It is a delay line, not a bandwidth limit: every chunk forwarded, either way, is
 keep their throughput. A request and its response thus cost one extra `latency_ms`. Opening a
 connection costs one more, as TCP's handshake does: the client's connect() returns at once
 (the kernel answers it), so its first bytes are instead held until the handshake would have
-completed. Closing or resetting one side closes the other.
+completed. Closing or resetting one side closes the other. With `flip_first=N` it also damages
+answers as a faulty NIC or proxy does while TCP's checksum still passes: one bit flipped in the
+body of each of the first N chunks of ranged answers (206) the server sends (`flipped` counts
+them), for the tests of verified reads.
 
     with LatencyProxy("127.0.0.1", 8080, latency_ms=25) as proxy:
         fetch(proxy.url + "/train/shard-000000.tar")
@@ -38,7 +41,7 @@ class LatencyProxy:
     `latency_ms` of added round-trip time. Counts, readable at any time: `connections`
     (accepted), `open_connections`, `bytes_to_upstream`, `bytes_to_client` (delivered)."""
 
-    def __init__(self, upstream_host: str, upstream_port: int, latency_ms: float, port: int = 0):
+    def __init__(self, upstream_host: str, upstream_port: int, latency_ms: float, port: int = 0, flip_first: int = 0):
         if latency_ms < 0:
             raise ValueError(f"latency_ms must be 0 or more, not {latency_ms}")
         self.upstream_host, self.upstream_port = upstream_host, int(upstream_port)
@@ -46,6 +49,7 @@ class LatencyProxy:
         self.port = int(port)
         self.connections = self.open_connections = 0
         self.bytes_to_upstream = self.bytes_to_client = 0
+        self.flip_first, self.flipped = flip_first, 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -54,6 +58,18 @@ class LatencyProxy:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def damaged(self, data: bytes, side: "_Side") -> bytes:
+        """`data` from the server, with one bit flipped in the body of a ranged answer if its turn has come."""
+        status = data.rfind(b"HTTP/1.1 ")
+        if status >= 0:
+            side.ranged = data[status + 9:status + 12] == b"206"
+        body = data.find(b"\r\n\r\n", max(status, 0)) + 4 if status >= 0 else 0
+        if self.flipped >= self.flip_first or not side.ranged or len(data) - body < 64:
+            return data
+        self.flipped += 1
+        at = body + (len(data) - body) // 2
+        return data[:at] + bytes([data[at] ^ 0x10]) + data[at + 1:]
 
     def counters(self) -> dict:
         return {"latency_ms": self.latency_ms, "connections": self.connections,
@@ -179,6 +195,7 @@ class _Side(asyncio.Protocol):
         self.reading = True
         self.got_eof = self.sent_eof = False    # both: nothing more goes either way, and the socket is closed
         self._timer: asyncio.TimerHandle | None = None
+        self.ranged = False         # the server's answer under way is a ranged one (206)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -186,6 +203,8 @@ class _Side(asyncio.Protocol):
         self.flow()
 
     def data_received(self, data: bytes) -> None:
+        if self.counter == "bytes_to_client":
+            data = self.connection.proxy.damaged(data, self)
         self._later(data)
         self.held += len(data)
         self.flow()

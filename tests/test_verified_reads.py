@@ -10,6 +10,7 @@ import logging
 import shutil
 
 import pytest
+import torch
 
 from pipeline import LoaderSpec, build_loader
 from pipeline.errors import CorruptSample, DatasetError
@@ -103,3 +104,30 @@ def test_a_run_counts_and_names_what_it_skipped_or_stops_in_one_line(converted_s
                                                      "data.on_corrupt=raise"))
     [line] = stopping.stderr.strip().splitlines()[-1:]
     assert stopping.returncode == 1 and name in line and "fail the checksum" in line, stopping.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend,options", PATHS, ids=["engine", "workers"])
+def test_answers_damaged_in_transit_are_fetched_again_and_the_batches_are_local_disks(converted_sets, tmp_path,
+                                                                                     backend, options, caplog):
+    """nginx behind a proxy that flips one bit in each of its first answers' bodies: the samples they
+    held fail their checksums, are fetched again, and every batch is the one local disk gives."""
+    from benchmarks.latency_proxy import LatencyProxy
+    from benchmarks.loopback_servers import Nginx
+    local = converted_sets["photos"]["webdataset"]
+    server = Nginx(local.parent, tmp_path / "nginx")
+    common = dict(split="val", batch_size=16, resolution=48, val_resolution=48, num_workers=1, drop_last=False)
+    try:
+        with LatencyProxy("127.0.0.1", server.port, latency_ms=0, flip_first=4) as proxy, \
+                caplog.at_level(logging.WARNING):
+            remote = build_loader(LoaderSpec(backend, path=f"{proxy.url}/{local.name}", cache_dir=str(tmp_path / "c"),
+                                             fetch_size="64KiB", **common, **options))
+            batches = [(images.clone(), labels.clone()) for images, labels in remote]
+    finally:
+        server.stop()
+    healed = [r.getMessage() for r in caplog.records if "fetched again, sound" in r.getMessage()]
+    assert proxy.flipped == 4 and healed and remote.corrupt_in_epoch == 0
+    expected = [(images, labels) for images, labels in build_loader(LoaderSpec(backend, path=str(local), **common,
+                                                                                **options))]
+    assert len(batches) == len(expected)
+    for (images, labels), (want_images, want_labels) in zip(batches, expected):
+        assert torch.equal(labels, want_labels) and torch.equal(images, want_images)

@@ -278,6 +278,15 @@ class OpenBlocks:
             if self._files[name].holders == 0:
                 os.close(self._files.pop(name).fd)
 
+    def forget(self, name: str) -> None:
+        """Drops a block whose bytes are damaged: its open file (once no reader holds it) and the
+        cache's file, so that the next read fetches it again."""
+        with self._lock:
+            entry = self._files.get(name)
+            if entry is not None and entry.holders == 0:
+                os.close(self._files.pop(name).fd)
+        self.cache.path(name).unlink(missing_ok=True)
+
     def close_unheld(self) -> None:
         """Closes the files no reader holds, and each other one once let go: a split that no
         longer reads them (it streams through memory now) must not keep evicted files' space."""

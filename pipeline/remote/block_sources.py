@@ -66,6 +66,9 @@ class BlockSource(Protocol):
 
     def stop_read_ahead(self) -> None: ...
 
+    def forget(self, block: int) -> None:
+        """The block's bytes are damaged: where it is kept for later epochs, let it be fetched again."""
+
     def close(self) -> None: ...
 
 
@@ -149,6 +152,9 @@ class DiskBlocks(ReadsAhead):
     def read(self, block: int, first: int, end: int) -> bytes:
         with self._open.held(self._wanted([block])) as fds:
             return os.pread(fds[0], end - first, first - int(self.split.plan.block_start[block]))
+
+    def forget(self, block: int) -> None:
+        self._open.forget(self.split.name(block))
 
     def prefetch(self, block: int) -> None:
         """Fetches a block a coming batch reads, unless a thread or process already has."""
@@ -260,6 +266,9 @@ class FetchProcessBlocks:
 
     def stop_read_ahead(self) -> None:
         self.memory.stop_read_ahead()
+
+    def forget(self, block: int) -> None:
+        pass                # streamed: every epoch fetches it again
 
     def close(self) -> None:
         self.memory.close()

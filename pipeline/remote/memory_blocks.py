@@ -226,5 +226,8 @@ class MemoryBlocks(ReadsAhead):
             for block in [b for b, held in self._blocks.items() if not held.holders]:
                 self._drop(block)
 
+    def forget(self, block: int) -> None:
+        pass                # streamed: every epoch fetches it again
+
     def close(self) -> None:
         self.stop_read_ahead()

@@ -17,11 +17,13 @@ and the cache is never flooded.
 from __future__ import annotations
 
 from contextlib import contextmanager
+import logging
 from typing import Callable
 
 import numpy as np
 
 from pipeline.decode import engine as decode_engine
+from pipeline.errors import CorruptSample
 from pipeline.formats.converted import Shard
 from pipeline.remote.block_plan import BLOCK_BYTES, MIN_WINDOW, BlockPlan
 from pipeline.remote.block_sources import MOST_STREAMED_REQUESTS, BlockSource, SplitBlocks, kept_blocks
@@ -32,6 +34,8 @@ from pipeline.spec import parse_size
 __all__ = ["RemoteShards", "FETCH_THREADS", "MOST_STREAMED_REQUESTS"]   # the last two: the fetch-ceiling benchmark imports them from here
 
 AHEAD_BYTES = 256 << 20        # at most; a quarter of the cache's limit where that is less
+HEALING_FETCHES = 3            # a sample failing its checksum is fetched again at most this many times
+log = logging.getLogger(__name__)
 
 
 class RemoteShards(StoredShards):
@@ -68,7 +72,32 @@ class RemoteShards(StoredShards):
         image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
         first, end = min(image_at, label_at), max(image_at + image_size, label_at + 4)
         chunk = self.blocks.read(int(self.block_of[sample_id]), first, end)
-        return self.checked(sample_id, chunk, image_at - first, image_size, label_at - first)
+        try:
+            return self.checked(sample_id, chunk, image_at - first, image_size, label_at - first)
+        except CorruptSample:
+            chunk = self.healed(sample_id)
+            return self.checked(sample_id, chunk, image_at - first, image_size, label_at - first)
+
+    def healed(self, sample_id: int):
+        """The bytes from a sample's first (image or label) to its last, fetched again from the store
+        after they failed their checksum (an answer damaged in transit, or a cached block since), up
+        to HEALING_FETCHES times; its block is dropped from the cache, so that later epochs fetch it
+        whole again. A CorruptSample naming the sample when every answer fails too."""
+        image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
+        first, end = min(image_at, label_at), max(image_at + image_size, label_at + 4)
+        shard = self.shards[int(self.shard_of[sample_id])]
+        self.blocks.forget(int(self.block_of[sample_id]))
+        for attempt in range(1, HEALING_FETCHES + 1):
+            chunk = bytes(self.source.store.read_ranges(shard.object_name, [(first, end)])[0])   # sent to workers
+            try:
+                self.checked(sample_id, chunk, image_at - first, image_size, label_at - first)
+            except CorruptSample:
+                continue
+            log.warning("%s: its bytes failed their checksum; fetched again, sound (fetch %d)", self.name(sample_id),
+                        attempt)
+            return chunk
+        raise CorruptSample(f"{self.name(sample_id)}: its bytes fail the checksum recorded at conversion, as "
+                            f"fetched {HEALING_FETCHES} more times")
 
     def read_ahead(self, plan: list[np.ndarray], start: int,
                    following: Callable[[], list[np.ndarray]] | None = None) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.decode import engine as decode_engine
+from pipeline.errors import CorruptSample
 from pipeline.transforms.normalize import normalized_batch
 from pipeline.loader.base import damaged_labels
 from pipeline.loader.prefetch import BufferRing, prefetched
@@ -70,11 +71,15 @@ class EngineBatches:
             decoded = decode_engine.decode_batch(samples, self.spec, epoch, side, out, threads=self.spec.num_workers)
         fallback_started = time.thread_time()
         labels = torch.from_numpy(decoded.labels.astype(np.int64))
-        failed_checksum = [position for position, _ in decoded.damaged]
-        labels[failed_checksum] = 0                 # never read from their bytes: the checksum names them
+        unhealed = []
+        for position, why in decoded.damaged:       # failed their checksum: healed from the store, or named
+            label = self._healed(int(ids[position]), epoch, side, out[position:position + 1])
+            if label is None:
+                unhealed.append((position, why))
+            labels[position] = label if label is not None else 0     # never read from damaged bytes
         bad, errors = damaged_labels(labels, self.num_classes, lambda position: self.stored.name(int(ids[position])))
         kept = ~bad.numpy()
-        for position, why in decoded.damaged:       # no other decoder tries them
+        for position, why in unhealed:              # no other decoder tries them
             kept[position] = False
             errors.append(f"{self.stored.name(int(ids[position]))}: {why}")
         for position, _ in decoded.failed:
@@ -101,3 +106,20 @@ class EngineBatches:
                                        time.thread_time() - fallback_started)
             self.samples += len(ids)
         return images, labels, errors
+
+    def _healed(self, sample_id: int, epoch: int, side: int, out: np.ndarray) -> int | None:
+        """A sample from a URL whose bytes failed their checksum, fetched again (`healed`) and made by
+        the engine into `out` as the batch would have made it; its label, or None where it cannot be."""
+        if not hasattr(self.stored, "healed"):
+            return None
+        try:
+            chunk = np.frombuffer(self.stored.healed(sample_id), np.uint8)
+        except CorruptSample:
+            return None
+        image_at, image_size, label_at = (int(v) for v in self.stored.members[sample_id])
+        first = min(image_at, label_at)
+        one = decode_engine.StoredSamples(np.array([sample_id], np.int64), np.array([-1], np.int32),
+                                          np.array([image_at - first]), np.array([image_size]),
+                                          np.array([label_at - first]), bases=np.array([chunk.ctypes.data], np.uint64))
+        decoded = decode_engine.decode_batch(one, self.spec, epoch, side, out, threads=1)
+        return None if decoded.failed or decoded.damaged else int(decoded.labels[0])
