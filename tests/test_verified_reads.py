@@ -131,3 +131,24 @@ def test_answers_damaged_in_transit_are_fetched_again_and_the_batches_are_local_
     assert len(batches) == len(expected)
     for (images, labels), (want_images, want_labels) in zip(batches, expected):
         assert torch.equal(labels, want_labels) and torch.equal(images, want_images)
+
+
+def test_an_index_whose_bytes_changed_on_the_server_is_one_line_naming_it(converted_sets, tmp_path):
+    """Each index (and checksums file) from a URL is checked against the manifest's sha256 as it is
+    fetched, asked for again where it differs, and named in one line where it stays different."""
+    from benchmarks.loopback_servers import Nginx
+    copy = tmp_path / "served" / "fashion_wds"
+    shutil.copytree(converted_sets["fashion"]["webdataset"], copy)
+    index = copy / "val" / "shard-000000.idx"
+    text = index.read_text()
+    index.write_text(text.replace(" 1024 ", " 1025 ", 1) if " 1024 " in text else text + " ")
+    server = Nginx(copy.parent, tmp_path / "nginx")
+    try:
+        with pytest.raises(DatasetError) as raised:
+            build_loader(LoaderSpec("webdataset", path=f"{server.url}/fashion_wds", split="val", batch_size=8,
+                                    cache_dir=str(tmp_path / "cache")))
+    finally:
+        server.stop()
+    [line] = str(raised.value).splitlines()
+    assert line.endswith("/fashion_wds/val/shard-000000.idx: its sha256 differs from the manifest's, in 3 answers: "
+                         "the stored file is damaged; run python tools/convert_wds.py again"), line

@@ -36,6 +36,7 @@ from pipeline.storage.staged_file import stage_file
 
 DEFAULT_CACHE_LIMIT = "16GiB"
 INDEX_FETCHES = 16        # .idx files fetched at once: a dataset has hundreds, each a round trip
+FETCHES = 3               # answers asked for a file whose sha256 differs from the manifest's
 
 
 @dataclass
@@ -86,7 +87,8 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
         if not (folder / MANIFEST).exists():
             write_bytes_atomic(folder / MANIFEST, raw, durable=False)
         with ThreadPoolExecutor(INDEX_FETCHES) as pool:
-            fetches = [pool.submit(_fetch_index, store, f"{split}/{entry[kind]}", folder / split / entry[kind])
+            fetches = [pool.submit(_fetch_index, store, f"{split}/{entry[kind]}", folder / split / entry[kind],
+                                   entry.get(f"{kind}_sha256"))
                        for entry in record.get("shards", []) for kind in ("index", "checksums") if kind in entry]
             if shards:
                 fetches.append(pool.submit(_check_ranges, store, shards[0].object_name))
@@ -132,6 +134,15 @@ def _check_ranges(store: ObjectStore, name: str) -> None:
     store.read_ranges(name, [(0, 1)])
 
 
-def _fetch_index(store: ObjectStore, name: str, local: Path) -> None:
-    if not local.exists():
-        write_bytes_atomic(local, store.read(name), durable=False)
+def _fetch_index(store: ObjectStore, name: str, local: Path, sha256: str | None = None) -> None:
+    """A shard's index (or checksums) into the cache, checked against the manifest's sha256 where it
+    records one: an answer damaged in transit is fetched again, FETCHES times at most."""
+    if local.exists():
+        return
+    for _ in range(FETCHES):
+        data = store.read(name)
+        if sha256 is None or hashlib.sha256(data).hexdigest() == sha256:
+            write_bytes_atomic(local, data, durable=False)
+            return
+    raise RemoteDataError(f"{store.where(name)}: its sha256 differs from the manifest's, in {FETCHES} answers: the "
+                          f"stored file is damaged; run {CONVERTERS['webdataset']} again")
