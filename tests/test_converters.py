@@ -340,6 +340,27 @@ def test_a_converter_converts_anew_over_a_manifest_it_cannot_read(bad_source, tm
     assert "newer than this code reads" in result.stderr and "converting everything" in result.stderr
     assert read_manifest(out)["manifest_version"] == MANIFEST_VERSION and read_manifest(out)["counts"]["train"] == 9
 
+def test_converting_again_over_an_older_versions_output_adds_what_this_version_writes(bad_source, tmp_path):
+    """A dataset converted before per-sample checksums: "convert it again" writes them, rather than
+    finding its splits up to date."""
+    from pipeline.convert.wds import main
+    root, _, _ = bad_source
+    out = tmp_path / "out"
+    assert main([str(root), str(out), "--num-workers", "1"]) == 0
+    manifest = read_manifest(out)
+    manifest["manifest_version"] = 1
+    for split, record in manifest["splits"].items():
+        for shard in record["shards"]:
+            (out / split / shard.pop("checksums")).unlink()
+        record["files"] = [name for name in record["files"] if not name.endswith(".crc32")]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert main([str(root), str(out), "--num-workers", "1"]) == 0
+    again = read_manifest(out)
+    assert again["manifest_version"] == MANIFEST_VERSION
+    assert all("checksums" in shard and (out / split / shard["checksums"]).is_file()
+               for split, record in again["splits"].items() for shard in record["shards"])
+
+
 def test_wds_shards_are_deterministic_size_capped_and_indexed_as_dali_does_without_dali(many_images, tmp_path):
     from wds2idx import IndexCreator
     args = (many_images, "--shard-size-mb", 1, "--splits", "train")

@@ -106,8 +106,11 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
     check_out_folder(out)
     previous = previous_manifest(out)
     kept: dict[str, dict] = {}
+    # A split is kept only from a manifest of this version: an older converter's records lack what this one
+    # writes (a webdataset split's per-sample checksums, say), and "convert again" must add it.
     if previous and previous.get("format") == format_name and previous.get("classes") == classes \
-            and previous.get("output_params") == output_params and previous.get("source") == str(src.resolve()):
+            and previous.get("output_params") == output_params and previous.get("source") == str(src.resolve()) \
+            and previous.get("manifest_version") == MANIFEST_VERSION:
         kept = {split: copy.deepcopy(record) for split, record in previous["splits"].items()
                 if all((out / f).exists() for f in record["files"])}
 
