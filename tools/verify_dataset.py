@@ -56,13 +56,11 @@ class Remote:
         self.store, self.name = open_store(url), redact(url)
 
     def read(self, name: str) -> bytes | None:
-        from pipeline.errors import RemoteDataError
+        from pipeline.storage.errors import RemoteNotFound
         try:
             return self.store.read(name)
-        except RemoteDataError as error:
-            if "404" in str(error) or "not found" in str(error).lower():
-                return None
-            raise
+        except RemoteNotFound:
+            return None
 
 
 def open_dataset(path: str):
