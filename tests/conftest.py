@@ -93,6 +93,20 @@ def read_manifest(out: Path) -> dict:
     return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
 
 
+def as_converted_before_checksums(out: Path) -> None:
+    """Make the webdataset conversion in `out` what the converters wrote before per-sample
+    checksums: manifest version 1, no `.crc32` files, no record of them."""
+    manifest = read_manifest(out)
+    manifest["manifest_version"] = 1
+    for split, record in manifest["splits"].items():
+        for shard in record["shards"]:
+            (out / split / shard.pop("checksums")).unlink()
+            del shard["checksums_bytes"], shard["checksums_sha256"]
+        record["files"] = [name for name in record["files"] if not name.endswith(".crc32")]
+        del record["sample_checksum"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
 @pytest.fixture(scope="session")
 def debian_cache(request, tmp_path_factory) -> Path:
     """Where make_sample_data unpacks the Debian packages it needs (about 170 MB): the set-up's

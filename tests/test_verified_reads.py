@@ -12,6 +12,7 @@ import shutil
 import pytest
 import torch
 
+from conftest import as_converted_before_checksums
 from pipeline import LoaderSpec, build_loader
 from pipeline.errors import CorruptSample, DatasetError
 from pipeline.formats.converted import read_local_converted
@@ -73,13 +74,7 @@ def test_dali_stops_on_a_damaged_sample_naming_it(converted_sets, tmp_path):
 def test_a_dataset_converted_before_checksums_reads_unchecked_and_says_so_once(converted_sets, tmp_path, caplog):
     copy = tmp_path / "old_wds"
     shutil.copytree(converted_sets["fashion"]["webdataset"], copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["manifest_version"] = 1
-    for split, record in manifest["splits"].items():
-        for shard in record["shards"]:
-            (copy / split / shard.pop("checksums")).unlink()
-        record["files"] = [name for name in record["files"] if not name.endswith(".crc32")]
-    (copy / "manifest.json").write_text(json.dumps(manifest))
+    as_converted_before_checksums(copy)
     with caplog.at_level(logging.WARNING):
         first = build_loader(spec(copy, "webdataset"))
         build_loader(spec(copy, "webdataset"))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import verify_dataset
+from conftest import as_converted_before_checksums
 from benchmarks.loopback_servers import Nginx
 from pipeline.convert.wds import sample_checksum
 from pipeline.formats.converted import read_local_converted
@@ -86,13 +87,7 @@ def test_a_truncated_tar_names_the_file_and_the_samples_past_its_end(dataset, ca
 
 
 def test_a_dataset_converted_before_checksums_is_checked_file_by_file(dataset, capsys):
-    manifest = json.loads((dataset / "manifest.json").read_text())
-    manifest["manifest_version"] = 1
-    for record in manifest["splits"].values():
-        for shard in record["shards"]:
-            for key in ("checksums", "checksums_bytes", "checksums_sha256"):
-                shard.pop(key)
-    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    as_converted_before_checksums(dataset)
     code, out, _ = check(capsys, dataset)
     assert code == 0 and "samples unchecked in train, val: converted before per-sample checksums" in out
 

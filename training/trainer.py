@@ -499,7 +499,7 @@ class Trainer:
                    "world_size": self.world.size, "device": str(self.world.device), "precision": self.config.precision,
                    **({"precision_auto": self._precision_choice} if self._precision_choice else {}),
                    "step_phases": self.phases.shares(),
-                   # damaged samples skipped in this session (train, val), over all ranks (loader.corrupt_total)
+                   # damaged samples skipped since this start of the run (train, val), over all ranks
                    "damaged_samples_skipped": dict(zip(("train", "val"), self._damaged_skipped))}
         if self.log.fault:
             raise RunFault(self.log.fault)

@@ -34,7 +34,7 @@ import torch
 from nvidia.dali import fn, math as dali_math, pipeline_def, types
 from nvidia.dali.auto_aug import rand_augment
 
-from pipeline.loader.base import Loader
+from pipeline.loader.base import Loader, not_a_class
 from pipeline.transforms.crops import RANDOM_CROP_ATTEMPTS, sample_seed
 from pipeline.datasets import read_converted, read_folder
 from pipeline.errors import CorruptSample, DatasetError
@@ -159,8 +159,8 @@ class _PlannedBatches:
         for sample_id in self.plan[index].tolist():
             jpeg, label = self.stored.read(sample_id)
             if not 0 <= label < self.num_classes:      # DALI cannot leave a sample out of its batch
-                raise CorruptSample(f"{self.stored.name(sample_id)}: label {label} is not one of the "
-                                    f"{self.num_classes} classes, a damaged sample; DALI cannot skip it")
+                raise CorruptSample(f"{not_a_class(self.stored.name(sample_id), label, self.num_classes)}; "
+                                    f"DALI cannot skip it")
             jpegs.append(np.frombuffer(jpeg, np.uint8))
             labels.append(np.array([label], np.int32))
         return jpegs, labels

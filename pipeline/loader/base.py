@@ -37,8 +37,13 @@ def damaged_labels(labels: torch.Tensor, num_classes: int, name_of) -> tuple[tor
     bad = (labels < 0) | (labels >= num_classes)
     if not bool(bad.any()):
         return bad, []
-    return bad, [f"{name_of(position)}: label {int(labels[position])} is not one of the {num_classes} classes, "
-                 f"a damaged sample" for position in bad.nonzero().view(-1).tolist()]
+    return bad, [not_a_class(name_of(position), int(labels[position]), num_classes)
+                 for position in bad.nonzero().view(-1).tolist()]
+
+
+def not_a_class(name, label: int, num_classes: int) -> str:
+    """What is said of a sample whose label is no class of the dataset."""
+    return f"{name}: label {label} is not one of the {num_classes} classes, a damaged sample"
 
 
 class LoaderWorkerDied(RuntimeError):

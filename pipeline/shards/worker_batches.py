@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 
 from pipeline.decode.pillow_sample import collate, load_or_report
 from pipeline.errors import CorruptSample
+from pipeline.loader.base import not_a_class
 from pipeline.shards.index import StoredShards
 from pipeline.spec import LoaderSpec
 
@@ -36,7 +37,7 @@ class WorkerBatches(Dataset):
             if isinstance(jpeg, str):                   # its bytes failed their checksum
                 images.append(jpeg)
             elif not 0 <= label < self.num_classes:     # a damaged label: reported like an undecodable image
-                images.append(f"{name}: label {label} is not one of the {self.num_classes} classes, a damaged sample")
+                images.append(not_a_class(name, label, self.num_classes))
             else:
                 images.append(load_or_report(jpeg, self.spec, name=name, sample_id=sample_id, epoch=epoch, side=side,
                                              roi=True))
