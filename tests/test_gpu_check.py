@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT, TOOLS
 
 import gpu_check
+import gpu_check_report
 from benchmarks.hardware import append_results
 
 H100 = {"cpu_model": "Test Xeon", "cpu_cores": 16, "ram_gb": 128, "gpu_model": "NVIDIA H100", "gpu_count": 1,
@@ -107,11 +108,11 @@ def test_a_test_run_the_deadline_cut_still_names_each_outcome():
            "tests/test_cuda.py::test_dali_mixed_matches_cpu FAILED                      [ 18%]",
            "FAILED tests/test_cuda.py::test_dali_mixed_matches_cpu - AssertionError: pixels",
            "SKIPPED [1] tests/test_cuda.py:40: needs 2 GPUs", "# timeout (pytest after 130 s (the deadline))"]
-    assert gpu_check.cuda_test_lines(log) == [
+    assert gpu_check_report.cuda_test_lines(log) == [
         "Tests (`pytest -m cuda`): no summary line (cut short?)",
         "Per test: failed 1: test_dali_mixed_matches_cpu; passed 1: test_bf16_step[2]; "
         "skipped 1: test_nccl_two_ranks"]
-    assert gpu_check.cuda_test_lines([*log, "==== 1 failed, 1 passed, 1 skipped in 20.01s ===="])[0] == \
+    assert gpu_check_report.cuda_test_lines([*log, "==== 1 failed, 1 passed, 1 skipped in 20.01s ===="])[0] == \
         "Tests (`pytest -m cuda`): 1 failed, 1 passed, 1 skipped in 20.01s"
 
 
