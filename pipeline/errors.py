@@ -11,6 +11,9 @@ class CorruptSample(DatasetError):
     """A stored sample that cannot be decoded; the message names it."""
 
 
+FAILS_CHECKSUM = "its bytes fail the checksum recorded at conversion"    # said of a damaged sample, wherever checked
+
+
 class RemoteDataError(DatasetError):
     """Data in object storage or behind HTTP(S) that cannot be read; the message is one line
     naming the URL with any credentials redacted."""

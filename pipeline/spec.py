@@ -58,7 +58,9 @@ class LoaderSpec:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     on_corrupt: str = "skip"            # a sample that fails to decode: "skip" (counted) or "raise"
-    verify: bool = True                 # check each webdataset sample against its recorded checksum
+    # True: each webdataset sample checked against its recorded checksum as it is read; "full": also a
+    # local .beton's samples, once at open; False: nothing checked
+    verify: Any = True
     num_classes: Optional[int] = None   # synthetic only; the others read it from the data
     synthetic_size: int = 10_000        # synthetic only: samples per epoch over all ranks
     measured_results: Optional[str] = None   # auto: the folder of per-machine loader figures; None: probe
@@ -95,6 +97,8 @@ class LoaderSpec:
                                  "code with no RandAugment operations; use the webdataset or dali backend")
         if not 0 <= self.hw_decoder_load <= 1:
             raise ValueError(f"hw_decoder_load must be in [0, 1], got {self.hw_decoder_load}")
+        if not (isinstance(self.verify, bool) or self.verify == "full"):
+            raise ValueError(f"verify must be True, False or 'full', got {self.verify!r}")
         if self.on_corrupt not in ("skip", "raise"):
             raise ValueError(f"on_corrupt must be 'skip' or 'raise', got {self.on_corrupt!r}")
         self.schedule = resolution_schedule(self.resolution)

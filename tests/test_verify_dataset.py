@@ -14,6 +14,7 @@ import verify_dataset
 from conftest import as_converted_before_checksums
 from benchmarks.loopback_servers import Nginx
 from pipeline.convert.wds import sample_checksum
+from pipeline.formats.manifest import MANIFEST_VERSION
 from pipeline.formats.converted import read_local_converted
 from pipeline.shards.index import StoredShards
 
@@ -47,7 +48,7 @@ def damage(tar, at: int, data: bytes) -> None:
 def test_the_converter_records_each_samples_checksum(dataset):
     split = read_local_converted(dataset, "train", "webdataset")
     manifest = json.loads((dataset / "manifest.json").read_text())
-    assert manifest["manifest_version"] == 2 and manifest["splits"]["train"]["sample_checksum"]
+    assert manifest["manifest_version"] == MANIFEST_VERSION and manifest["splits"]["train"]["sample_checksum"]
     stored = StoredShards(split.shards)
     recorded = np.concatenate([np.fromfile(dataset / "train" / s.tar.with_suffix(".crc32").name, "<u4")
                                for s in split.shards])

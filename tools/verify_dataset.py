@@ -7,14 +7,16 @@ recorded (the CRC-32 of its image and label bytes, `shard-NNNNNN.crc32` beside e
 Prints progress, then a summary and every damaged file and sample (`TAR:KEY`, as the loaders name
 them). Exit code 0: clean; 1: damaged (convert the damaged shards again, or the whole dataset);
 2: not a dataset this can read (one line naming it). A dataset converted before per-sample
-checksums is checked file by file, with one line saying its samples are unchecked. FFCV's
-`.beton` is checked whole, by its sha256.
+checksums is checked file by file, with one line saying its samples are unchecked. An FFCV
+`.beton` is checked against its sha256 and each of its samples against its recorded checksum
+(`SPLIT.crc32`, pipeline/formats/beton_checksums.py), named `BETON: sample N`.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import logging
+import mmap
 import sys
 import time
 import zlib
@@ -22,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import DatasetError
+from pipeline.errors import FAILS_CHECKSUM, DatasetError
+from pipeline.formats.beton_checksums import BetonLayoutError, damaged_samples as damaged_beton_samples
 from pipeline.formats.converted import CONVERTERS, IMAGE_MEMBER, LABEL_MEMBER
 from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest
 from pipeline.progress import Progress
@@ -40,10 +43,12 @@ class Folder:
         if not self.root.is_dir():
             raise DatasetError(f"{root}: no such directory")
 
-    def read(self, name: str) -> bytes | None:
-        """The file's bytes, or None when it is missing."""
+    def read(self, name: str):
+        """The file's bytes (a read-only memory map: a .beton can be larger than memory), or None
+        when it is missing."""
         try:
-            return (self.root / name).read_bytes()
+            with open(self.root / name, "rb") as file:
+                return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if file.seek(0, 2) else b""
         except FileNotFoundError:
             return None
 
@@ -69,7 +74,7 @@ def open_dataset(path: str):
     if text is None:
         raise DatasetError(f"{source.name}: no {MANIFEST}; not a converted dataset (convert one with "
                            f"{CONVERTERS['webdataset']} or {CONVERTERS['ffcv']})")
-    return source, parse_manifest(text.decode("utf-8", errors="replace"), f"{source.name}/{MANIFEST}")
+    return source, parse_manifest(bytes(text).decode("utf-8", errors="replace"), f"{source.name}/{MANIFEST}")
 
 
 def file_problem(data: bytes | None, size: int | None, sha256: str | None) -> str | None:
@@ -102,7 +107,7 @@ def damaged_samples(tar: bytes, members, checksums: np.ndarray) -> list[tuple[st
         if max(image_at + image_size, label_at + 4) > len(tar):
             found.append((key, "past the end of the tar (truncated)"))
         elif zlib.crc32(tar[label_at:label_at + 4], zlib.crc32(tar[image_at:image_at + image_size])) != recorded:
-            found.append((key, "its bytes fail the checksum recorded at conversion"))
+            found.append((key, FAILS_CHECKSUM))
     return found
 
 
@@ -117,14 +122,13 @@ def verify(source, manifest: dict, splits: list[str]) -> dict:
         for split, shard in units:
             record = records[split]
             if shard is None:        # one file for the split (FFCV's .beton)
-                for name in record.get("files", []):
-                    check_file(source, name, record.get("bytes"), record.get("sha256"), report)
+                check_beton(source, record, report)
             else:
                 check_shard(source, split, shard, report)
             progress.update(1)
             progress.set_postfix(MB=f"{report['bytes'] / 1e6:,.0f}")
     report["unchecked_splits"] = [split for split, record in records.items()
-                                  if "shards" in record and not all("checksums" in s for s in record["shards"])]
+                                  if not all("checksums" in s for s in record.get("shards", [record]))]
     return report
 
 
@@ -136,6 +140,26 @@ def check_file(source, name: str, size, sha256, report: dict) -> bytes | None:
     if problem:
         report["damaged_files"].append((f"{source.name}/{name}", problem))
     return data
+
+
+def check_beton(source, record: dict, report: dict) -> None:
+    """A split's .beton against its size and sha256, and each of its samples against its checksum."""
+    for name in record.get("files", [])[:1]:
+        beton = check_file(source, name, record.get("bytes"), record.get("sha256"), report)
+        report["samples"] += record.get("count", 0)
+        if "checksums" not in record or beton is None:
+            return
+        checksums = check_file(source, record["checksums"], record.get("checksums_bytes"),
+                               record.get("checksums_sha256"), report)
+        if checksums is None or len(checksums) != 4 * record.get("count", -1):
+            return
+        try:
+            damaged = damaged_beton_samples(beton, np.frombuffer(checksums, "<u4"), record["layout_crc32"])
+        except BetonLayoutError as error:
+            report["damaged_files"].append((f"{source.name}/{name}", str(error)))
+            return
+        report["damaged_samples"] += [(f"{source.name}/{name}: sample {number}",
+                                       FAILS_CHECKSUM) for number in damaged]
 
 
 def check_shard(source, split: str, shard: dict, report: dict) -> None:
@@ -150,7 +174,7 @@ def check_shard(source, split: str, shard: dict, report: dict) -> None:
     if checksums is None or len(checksums) != 4 * shard["count"]:
         return
     try:
-        members = index_members(index.decode("ascii"))
+        members = index_members(bytes(index).decode("ascii"))
     except (UnicodeDecodeError, ValueError, KeyError):
         return                                  # a damaged index is reported as a damaged file
     for key, why in damaged_samples(tar, members, np.frombuffer(checksums, "<u4")):
@@ -166,7 +190,7 @@ def summary(report: dict, seconds: float) -> list[str]:
     lines += [f"  {name}: {why}" for name, why in report["damaged_samples"]]
     if report["unchecked_splits"]:
         lines.append(f"samples unchecked in {', '.join(report['unchecked_splits'])}: converted before per-sample "
-                     f"checksums; convert again with {CONVERTERS['webdataset']} to have them checked")
+                     f"checksums; convert it again to have them checked")
     return lines
 
 

@@ -42,7 +42,8 @@ class DataConfig:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     on_corrupt: Literal["skip", "raise"] = "skip"
-    verify: bool = True                   # each webdataset sample checked against its recorded CRC-32 (off: unchecked)
+    # on: each webdataset sample checked against its recorded CRC-32; full: also a local .beton, at open; off: none
+    verify: Union[bool, Literal["full"]] = True
     num_classes: Optional[int] = None     # synthetic only
     synthetic_size: int = 10_000          # synthetic only
     measured_results: str = ""            # auto: the folder of per-machine loader figures ('': probe)

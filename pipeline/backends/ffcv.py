@@ -18,14 +18,21 @@ What we add to FFCV, and why:
   device it leaves FFCV's loader looping forever, no batch ever coming out.
 The scheduled resolution is set on the decoder at `set_epoch` (`output_size`), which FFCV
 applies at the next epoch without recompiling. ColOut acts on the uint8 batch.
+- `data.verify=full` on a local .beton: its samples checked once at open against the checksums
+  its converter recorded (pipeline/formats/beton_checksums.py). A damaged sample is never handed
+  to FFCV's decoder (its size and place may be what changed): a good sample stands in for it and
+  its row is dropped from the batch, so the batches, and every rank's count of them, stay those
+  of an undamaged run, less the damaged samples.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import queue
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -42,12 +49,14 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from pipeline.formats.beton_checksums import BetonLayoutError, check_once
 from pipeline.loader.base import Loader, damaged_labels
 from pipeline.transforms.crops import UNIFORMS_PER_SAMPLE, compiled_sample_uniforms, random_resized_crop
 from pipeline.datasets import read_converted
-from pipeline.errors import DatasetError
+from pipeline.errors import FAILS_CHECKSUM, CorruptSample, DatasetError
 from pipeline.formats.converted import CONVERTERS
 from pipeline.loader.sharding import batch_count, rank_samples
+from pipeline.remote.dataset import default_cache_dir
 from pipeline.spec import LoaderSpec
 
 log = logging.getLogger(__name__)
@@ -156,6 +165,8 @@ class FFCVLoader(Loader):
         self.order = _FixedOrder()
         self._ids = np.zeros(0, dtype=np.int64)
         self.beton = beton
+        self.damaged = np.asarray(_damaged_samples(data, spec), dtype=np.int64)
+        self.stand_in = int(np.setdiff1d(np.arange(len(self.damaged) + 1), self.damaged)[0])   # the first sound sample
         super().__init__(spec, len(data.classes))
         self.ffcv = _ffcv_loader(beton, spec, self.decoder, self.order)
 
@@ -171,7 +182,9 @@ class FFCVLoader(Loader):
         return batch_count(len(self._ids), self.spec.batch_size, drop_last=False)
 
     def _batches(self, epoch: int, start: int):
-        self.order.order = self._ids[start * self.spec.batch_size:].astype(np.uint64)
+        ids = self._ids[start * self.spec.batch_size:]
+        stood_in = np.isin(ids, self.damaged)
+        self.order.order = np.where(stood_in, self.stand_in, ids).astype(np.uint64)
         self.ffcv.first_traversal_order = self.order.order   # what FFCV's len() counts
         self.ffcv.next_epoch = epoch
         epoch_thread = iter(self.ffcv)
@@ -181,6 +194,11 @@ class FFCVLoader(Loader):
                 first = index * self.spec.batch_size
                 bad, errors = damaged_labels(labels, self.num_classes,
                                              lambda position: f"{self.beton}: sample {self._ids[first + position]}")
+                replaced = torch.from_numpy(stood_in[first - start * self.spec.batch_size:][:len(labels)])
+                if bool(replaced.any()):
+                    bad = bad | replaced
+                    errors += [f"{self.beton}: sample {self._ids[first + position]}: {FAILS_CHECKSUM}"
+                               for position in replaced.nonzero().view(-1).tolist()]
                 if errors:
                     self._undecodable(errors)
                     images, labels = images[(~bad).to(images.device)], labels[~bad]
@@ -188,6 +206,37 @@ class FFCVLoader(Loader):
                 yield index, self._to_model_input(images), self._to_device_labels(labels)
         finally:
             _stop(epoch_thread)
+
+
+def _damaged_samples(data, spec: LoaderSpec) -> list[int]:
+    """With data.verify=full, the samples of a local .beton that fail their recorded checksums
+    (on_corrupt='raise': a CorruptSample naming them); else none. A staged copy of a remote
+    .beton was checked whole against its sha256 already."""
+    beton, record = data.files[0], data.record
+    if spec.verify != "full" or data.remote is not None:
+        return []
+    if "checksums" not in record:
+        log.warning("%s: converted before per-sample checksums, so data.verify=full checks its sha256 instead; "
+                    "run %s again to have its samples checked", beton, CONVERTERS["ffcv"])
+        with open(beton, "rb") as file:
+            if hashlib.file_digest(file, "sha256").hexdigest() != record.get("sha256"):
+                raise DatasetError(f"{beton}: its sha256 differs from its manifest's: its bytes changed; "
+                                   f"run {CONVERTERS['ffcv']} again")
+        return []
+    try:
+        damaged = check_once(beton, record, Path(spec.cache_dir or default_cache_dir()) / "verified")
+    except BetonLayoutError as error:
+        raise DatasetError(f"{beton}: {error}; run {CONVERTERS['ffcv']} again") from None
+    if len(damaged) == record["count"]:
+        raise DatasetError(f"{beton}: every sample fails its checksum; run {CONVERTERS['ffcv']} again")
+    if damaged:
+        named = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+        if spec.on_corrupt == "raise":
+            raise CorruptSample(f"{beton}: sample {damaged[0]}: {FAILS_CHECKSUM}, and {len(damaged) - 1} more "
+                                f"(on_corrupt='skip' skips and counts such samples)")
+        log.warning("%s: %d samples fail their checksums (%s); skipped wherever read: run %s again to have them "
+                    "back", beton, len(damaged), named, CONVERTERS["ffcv"])
+    return damaged
 
 
 def _ffcv_loader(beton, spec: LoaderSpec, decoder, order: _FixedOrder) -> FFCVBaseLoader:

@@ -9,11 +9,14 @@ worker that raised; should a file still fail in the writer, it is written as a 1
 placeholder, and the split is written again without it, so no placeholder is ever kept.
 A worker that dies in FFCV's own code (a full disk) would also leave the writer waiting:
 `_worker_failure_raised` notices its traceback and raises it here instead. Each split's manifest
-record holds its .beton's size and sha256 (`bytes`, `sha256`), for a copy to be checked against.
+record holds its .beton's size and sha256 (`bytes`, `sha256`), for a copy to be checked against,
+and names the file of its per-sample checksums (`checksums`, `SPLIT.crc32`, with `checksums_bytes`,
+`checksums_sha256`, and `layout_crc32` for the rest of the file: pipeline/formats/beton_checksums.py).
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -31,7 +34,8 @@ from pipeline.convert.images import describe_failure, load_rgb, probe
 from pipeline.convert.parallel import parallel_map
 from pipeline.convert.splits import SplitResult, run_conversion
 from pipeline.convert.upload import sha256_file
-from pipeline.storage.atomic_files import replace_atomically
+from pipeline.formats.beton_checksums import SAMPLE_CHECKSUM, MappedFile, read_layout, sample_checksums
+from pipeline.storage.atomic_files import replace_atomically, write_bytes_atomic
 from pipeline.formats.imagefolder import Sample, Skipped
 from pipeline.progress import Progress
 
@@ -176,10 +180,22 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
         if not good:
             log.warning("warning: %s: no decodable images; %s not written", split, final.name)
             return SplitResult(0, skipped)
+        checksums = write_checksums(tmp, out / f"{split}.crc32")
         replace_atomically(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
-    return SplitResult(len(good), skipped, [final.name], {"bytes": final.stat().st_size, "sha256": sha256_file(final)})
+    return SplitResult(len(good), skipped, [final.name], {"bytes": final.stat().st_size, "sha256": sha256_file(final),
+                                                          **checksums})
+
+
+def write_checksums(beton: Path, path: Path) -> dict:
+    """Write the per-sample checksums of `beton` to `path`; the manifest entries that describe them."""
+    with MappedFile(beton) as buffer:
+        layout = read_layout(buffer)
+        table = sample_checksums(buffer, layout).astype("<u4").tobytes()
+    write_bytes_atomic(path, table)
+    return {"checksums": path.name, "checksums_bytes": len(table), "checksums_sha256": hashlib.sha256(table).hexdigest(),
+            "layout_crc32": layout.layout_crc32, "sample_checksum": SAMPLE_CHECKSUM}
 
 
 def main(argv: list[str] | None = None) -> int:

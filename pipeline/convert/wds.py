@@ -123,10 +123,11 @@ class HashingFile:
 
 
 class ShardWriter:
-    """Writes samples into size-capped, deterministic tar shards, each with its DALI index."""
+    """Writes samples into size-capped, deterministic tar shards, each with its DALI index; the
+    first is numbered `first_shard` (a repair writes one shard of a split again)."""
 
-    def __init__(self, folder: Path, max_bytes: int):
-        self.folder, self.max_bytes = folder, max_bytes
+    def __init__(self, folder: Path, max_bytes: int, first_shard: int = 0):
+        self.folder, self.max_bytes, self.first_shard = folder, max_bytes, first_shard
         self.shards: list[dict] = []
         self.count = 0
         self.tar: tarfile.TarFile | None = None
@@ -154,7 +155,7 @@ class ShardWriter:
 
     def _open_next(self) -> None:
         self._close_current()
-        name = SHARD_PATTERN.format(len(self.shards))
+        name = SHARD_PATTERN.format(self.first_shard + len(self.shards))
         self.shards.append({"tar": f"{name}.tar", "index": f"{name}.idx", "checksums": f"{name}.crc32", "count": 0,
                             "bytes": 0})
         self.tar_file = HashingFile(self.folder / f"{name}.tar")
@@ -181,6 +182,18 @@ class ShardWriter:
         self._close_current()
 
 
+def sample_members(jpeg: bytes, label: int) -> dict[str, bytes]:
+    """A sample's tar members, by extension."""
+    return {MEMBERS["image"]: jpeg, MEMBERS["label"]: str(label).encode("ascii"),
+            MEMBERS["label_int32"]: np.int32(label).astype("<i4").tobytes()}
+
+
+def encoder(args):
+    """`encode_sample` with the options of `args` (the command line's, or a manifest's `params`)."""
+    return partial(encode_sample, max_resolution=args.max_resolution or None, jpeg_quality=args.jpeg_quality,
+                   restart_markers=args.restart_markers)
+
+
 def write_order(samples: list[Sample], split: str, seed: int) -> list[Sample]:
     if split != "train":
         return samples
@@ -194,18 +207,14 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
     tmp.mkdir(parents=True)
     try:
         ordered = write_order(samples, split, args.seed)
-        encode = partial(encode_sample, max_resolution=args.max_resolution or None, jpeg_quality=args.jpeg_quality,
-                         restart_markers=args.restart_markers)
         writer, skipped, with_markers = ShardWriter(tmp, int(args.shard_size_mb * 2**20)), [], 0
-        for sample, encoded in zip(ordered, parallel_map(encode, [s.path for s in ordered], args.num_workers,
+        for sample, encoded in zip(ordered, parallel_map(encoder(args), [s.path for s in ordered], args.num_workers,
                                                          f"{split}: encoding")):
             if encoded.jpeg is None:
                 skipped.append(Skipped(sample.path, encoded.reason))
                 continue
             with_markers += encoded.restart_markers
-            writer.add(f"{writer.count:09d}", {MEMBERS["image"]: encoded.jpeg,
-                                        MEMBERS["label"]: str(sample.label).encode("ascii"),
-                                        MEMBERS["label_int32"]: np.int32(sample.label).astype("<i4").tobytes()})
+            writer.add(f"{writer.count:09d}", sample_members(encoded.jpeg, sample.label))
         writer.close()
         count = writer.count
         if not count:

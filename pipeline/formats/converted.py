@@ -59,6 +59,7 @@ class ConvertedSplit:
     files: list[Path]
     shards: list[Shard] = field(default_factory=list)   # webdataset only
     remote: Any = None        # read from a URL: its pipeline.remote.dataset.RemoteSource
+    record: dict = field(default_factory=dict)          # the split's record in the manifest
 
 
 def is_converted(path: str | Path) -> bool:
@@ -92,7 +93,7 @@ def read_local_converted(root: Path, split: str, expected_format: str) -> Conver
             raise DatasetError(f"{file}: missing (listed in {manifest_path(root)}); run {converter} again")
     if kind == "ffcv":
         _check_size(files[0], record["bytes"], converter)
-    return ConvertedSplit(root, kind, split, classes, record["count"], files, shards)
+    return ConvertedSplit(root, kind, split, classes, record["count"], files, shards, record=record)
 
 
 def manifest_split(root: Path, split: str, expected_format: Optional[str]) -> tuple[str, list[str], dict]:

@@ -15,8 +15,9 @@ from pathlib import Path
 from pipeline.storage.atomic_files import write_bytes_atomic
 
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 2          # raise it when a field changes meaning or a reader needs a new one
+MANIFEST_VERSION = 3          # raise it when a field changes meaning or a reader needs a new one
 # 2: a webdataset shard's per-sample checksums (`checksums`); a version-1 dataset reads, unchecked
+# 3: an FFCV split's per-sample checksums (`checksums`, `layout_crc32`); a version-2 .beton reads, unchecked
 DETAIL_CHARS = 160            # of a parser's complaint, so the error stays one short line
 AGAIN = "convert the dataset again"    # how every error ends: a reader may add the command
 

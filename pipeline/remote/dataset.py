@@ -101,7 +101,7 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
         files = [Path(name) for name in record["files"]]
         if kind == "ffcv":      # FFCV memory-maps its file: read from a local copy, checked against the manifest
             files = [_staged_beton(store, record, folder)]
-    split_data = ConvertedSplit(folder, kind, split, classes, record["count"], files, shards)
+    split_data = ConvertedSplit(folder, kind, split, classes, record["count"], files, shards, record=record)
     split_data.remote = RemoteSource(store, cache, dataset)
     return split_data
 

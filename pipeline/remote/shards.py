@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from pipeline.decode import engine as decode_engine
-from pipeline.errors import CorruptSample
+from pipeline.errors import FAILS_CHECKSUM, CorruptSample
 from pipeline.formats.converted import Shard
 from pipeline.remote.block_plan import BLOCK_BYTES, MIN_WINDOW, BlockPlan
 from pipeline.remote.block_sources import MOST_STREAMED_REQUESTS, BlockSource, SplitBlocks, kept_blocks
@@ -96,7 +96,7 @@ class RemoteShards(StoredShards):
             log.warning("%s: its bytes failed their checksum; fetched again, sound (fetch %d)", self.name(sample_id),
                         attempt)
             return chunk
-        raise CorruptSample(f"{self.name(sample_id)}: its bytes fail the checksum recorded at conversion, as "
+        raise CorruptSample(f"{self.name(sample_id)}: {FAILS_CHECKSUM}, as "
                             f"fetched {HEALING_FETCHES} more times")
 
     def read_ahead(self, plan: list[np.ndarray], start: int,

@@ -32,7 +32,7 @@ import numpy as np
 from pipeline.decode import engine as decode_engine
 from pipeline.shards.buffer_shuffle import buffer_shuffle
 from pipeline.transforms.crops import sample_seed
-from pipeline.errors import CorruptSample, DatasetError
+from pipeline.errors import FAILS_CHECKSUM, CorruptSample, DatasetError
 from pipeline.formats.converted import CONVERTERS, SampleName, Shard
 from pipeline.loader.sharding import batch_count, rank_range
 from pipeline.spec import LoaderSpec
@@ -183,7 +183,7 @@ class StoredShards:
         if self.checksums is not None:
             crc = zlib.crc32(label_bytes, zlib.crc32(image))
             if crc != int(self.checksums[sample_id]):
-                raise CorruptSample(f"{self.name(sample_id)}: its bytes fail the checksum recorded at conversion "
+                raise CorruptSample(f"{self.name(sample_id)}: {FAILS_CHECKSUM} "
                                     f"(CRC-32 {crc:08x}, recorded {int(self.checksums[sample_id]):08x})")
         return image, int.from_bytes(label_bytes, "little", signed=True)
 
