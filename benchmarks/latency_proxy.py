@@ -10,7 +10,8 @@ connection costs one more, as TCP's handshake does: the client's connect() retur
 completed. Closing or resetting one side closes the other. With `flip_first=N` it also damages
 answers as a faulty NIC or proxy does while TCP's checksum still passes: one bit flipped in the
 body of each of the first N chunks of ranged answers (206) the server sends (`flipped` counts
-them), for the tests of verified reads.
+them), for the tests of verified reads; `flip_at` is where in the chunk's body, as a share of it
+(a sample's range holds tar headers too, which no reader checks or decodes).
 
     with LatencyProxy("127.0.0.1", 8080, latency_ms=25) as proxy:
         fetch(proxy.url + "/train/shard-000000.tar")
@@ -41,7 +42,8 @@ class LatencyProxy:
     `latency_ms` of added round-trip time. Counts, readable at any time: `connections`
     (accepted), `open_connections`, `bytes_to_upstream`, `bytes_to_client` (delivered)."""
 
-    def __init__(self, upstream_host: str, upstream_port: int, latency_ms: float, port: int = 0, flip_first: int = 0):
+    def __init__(self, upstream_host: str, upstream_port: int, latency_ms: float, port: int = 0, flip_first: int = 0,
+                 flip_at: float = 0.5):
         if latency_ms < 0:
             raise ValueError(f"latency_ms must be 0 or more, not {latency_ms}")
         self.upstream_host, self.upstream_port = upstream_host, int(upstream_port)
@@ -49,7 +51,7 @@ class LatencyProxy:
         self.port = int(port)
         self.connections = self.open_connections = 0
         self.bytes_to_upstream = self.bytes_to_client = 0
-        self.flip_first, self.flipped = flip_first, 0
+        self.flip_first, self.flip_at, self.flipped = flip_first, flip_at, 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -68,7 +70,7 @@ class LatencyProxy:
         if self.flipped >= self.flip_first or not side.ranged or len(data) - body < 64:
             return data
         self.flipped += 1
-        at = body + (len(data) - body) // 2
+        at = body + int((len(data) - body) * self.flip_at)
         return data[:at] + bytes([data[at] ^ 0x10]) + data[at + 1:]
 
     def counters(self) -> dict:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
+import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -371,3 +372,33 @@ def s3_of_another_region(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     yield server
     server.shutdown()
+
+
+KEY_ID, SECRET = "testing", "testing"
+
+
+@pytest.fixture
+def bucket(moto_s3, monkeypatch):
+    """A new, versioned bucket on moto's server, with the environment the tools read it with."""
+    import boto3
+    for name, value in (("AWS_ENDPOINT_URL", moto_s3.url), ("AWS_ACCESS_KEY_ID", KEY_ID),
+                        ("AWS_SECRET_ACCESS_KEY", SECRET), ("AWS_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PROGRESS_EVERY_S", "0")
+    client = boto3.client("s3", endpoint_url=moto_s3.url, region_name="us-east-1", aws_access_key_id=KEY_ID,
+                          aws_secret_access_key=SECRET)
+    name = f"up-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=name)
+    client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    return client, name
+
+
+def versions(client, bucket: str, prefix: str) -> tuple[dict[str, int], dict[str, int]]:
+    """How many times each object was put, and deleted, under prefix."""
+    puts, deletes = {}, {}
+    for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=f"{prefix}/"):
+        for kind, counts in (("Versions", puts), ("DeleteMarkers", deletes)):
+            for entry in page.get(kind, []):
+                name = entry["Key"][len(prefix) + 1:]
+                counts[name] = counts.get(name, 0) + 1
+    return puts, deletes

@@ -12,32 +12,12 @@ import re
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 from benchmarks.loopback_servers import free_port, wait_listening
-from conftest import TOOLS, run_tool
-
-KEY_ID, SECRET = "testing", "testing"
-
-
-@pytest.fixture
-def bucket(moto_s3, monkeypatch):
-    """A new, versioned bucket on moto's server, with the environment the tools read it with."""
-    import boto3
-    for name, value in (("AWS_ENDPOINT_URL", moto_s3.url), ("AWS_ACCESS_KEY_ID", KEY_ID),
-                        ("AWS_SECRET_ACCESS_KEY", SECRET), ("AWS_REGION", "us-east-1")):
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("PROGRESS_EVERY_S", "0")
-    client = boto3.client("s3", endpoint_url=moto_s3.url, region_name="us-east-1", aws_access_key_id=KEY_ID,
-                          aws_secret_access_key=SECRET)
-    name = f"up-{uuid.uuid4().hex[:12]}"
-    client.create_bucket(Bucket=name)
-    client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
-    return client, name
-
+from conftest import TOOLS, run_tool, versions
 
 def objects(client, bucket: str, prefix: str) -> dict[str, dict]:
     """{name under prefix: its listing entry} of the current objects."""
@@ -45,17 +25,6 @@ def objects(client, bucket: str, prefix: str) -> dict[str, dict]:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/"):
         found.update((entry["Key"][len(prefix) + 1:], entry) for entry in page.get("Contents", []))
     return found
-
-
-def versions(client, bucket: str, prefix: str) -> tuple[dict[str, int], dict[str, int]]:
-    """How many times each object was put, and deleted, under prefix."""
-    puts, deletes = {}, {}
-    for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=f"{prefix}/"):
-        for kind, counts in (("Versions", puts), ("DeleteMarkers", deletes)):
-            for entry in page.get(kind, []):
-                name = entry["Key"][len(prefix) + 1:]
-                counts[name] = counts.get(name, 0) + 1
-    return puts, deletes
 
 
 def sha256(data: bytes) -> str:
@@ -76,6 +45,7 @@ def check_upload(client, bucket: str, prefix: str, staging: Path) -> dict:
             recorded[f"{split}/{shard['checksums']}"] = (shard["checksums_bytes"], shard["checksums_sha256"])
         if "shards" not in record:
             recorded[record["files"][0]] = (record["bytes"], record["sha256"])
+            recorded[record["checksums"]] = (record["checksums_bytes"], record["checksums_sha256"])
     assert set(recorded) == set(listed)
     for name in [*listed, "manifest.json"]:
         local = (staging / name).read_bytes()
@@ -122,7 +92,7 @@ def test_ffcv_upload_goes_in_parts_and_a_rerun_uploads_nothing(sample_sets, buck
     before, _ = versions(client, name, "ffcv")
 
     again = run_tool("convert_ffcv.py", *args, check=True)
-    assert "up to date (3 objects)" in again.stderr
+    assert "up to date (5 objects)" in again.stderr          # two .betons, their checksums, the manifest
     assert versions(client, name, "ffcv") == (before, {})
 
 

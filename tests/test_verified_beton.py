@@ -118,6 +118,7 @@ def test_a_beton_converted_before_checksums_is_checked_by_its_sha256(beton_copy,
     manifest["manifest_version"] = 2
     for record in manifest["splits"].values():
         (beton_copy / record.pop("checksums")).unlink()
+        record["files"] = record["files"][:1]
         for key in ("checksums_bytes", "checksums_sha256", "layout_crc32", "sample_checksum"):
             del record[key]
     (beton_copy / "manifest.json").write_text(json.dumps(manifest))

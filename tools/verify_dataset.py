@@ -2,14 +2,15 @@
 sha256 its manifest records, and every WebDataset sample against the checksum its converter
 recorded (the CRC-32 of its image and label bytes, `shard-NNNNNN.crc32` beside each shard).
 
-    python tools/verify_dataset.py PATH|URL [--splits train,val]
+    python tools/verify_dataset.py PATH|URL [--splits train,val] [--repair SRC]
 
 Prints progress, then a summary and every damaged file and sample (`TAR:KEY`, as the loaders name
-them). Exit code 0: clean; 1: damaged (convert the damaged shards again, or the whole dataset);
-2: not a dataset this can read (one line naming it). A dataset converted before per-sample
-checksums is checked file by file, with one line saying its samples are unchecked. An FFCV
-`.beton` is checked against its sha256 and each of its samples against its recorded checksum
-(`SPLIT.crc32`, pipeline/formats/beton_checksums.py), named `BETON: sample N`.
+them). Exit code 0: clean; 1: damaged; 2: not a dataset this can read (one line naming it).
+`--repair SRC` then converts the damaged shards again from SRC, the folder the dataset was converted
+from (pipeline/convert/repair.py), checks them again, and exits 0 once they are sound. A dataset
+converted before per-sample checksums is checked file by file, with one line saying its samples
+are unchecked. An FFCV `.beton` is checked against its sha256 and each of its samples against its
+recorded checksum (`SPLIT.crc32`, pipeline/formats/beton_checksums.py), named `BETON: sample N`.
 """
 from __future__ import annotations
 
@@ -17,17 +18,23 @@ import argparse
 import hashlib
 import logging
 import mmap
+import os
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 
+from pipeline.convert.errors import ConversionError, ConversionFault
+from pipeline.convert.repair import SHARD_FILES, rebuild_beton, rebuild_shards
+from pipeline.convert.upload import UPLOAD_SCHEMES, Destination
 from pipeline.errors import FAILS_CHECKSUM, DatasetError
 from pipeline.formats.beton_checksums import BetonLayoutError, damaged_samples as damaged_beton_samples
 from pipeline.formats.converted import CONVERTERS, IMAGE_MEMBER, LABEL_MEMBER
-from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest
+from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest, write_manifest
 from pipeline.progress import Progress
 from pipeline.storage.urls import is_url, redact
 
@@ -58,7 +65,7 @@ class Remote:
 
     def __init__(self, url: str):
         from pipeline.storage.object_store import open_store
-        self.store, self.name = open_store(url), redact(url)
+        self.store, self.name, self.url = open_store(url), redact(url), url
 
     def read(self, name: str) -> bytes | None:
         from pipeline.storage.errors import RemoteNotFound
@@ -111,20 +118,25 @@ def damaged_samples(tar: bytes, members, checksums: np.ndarray) -> list[tuple[st
     return found
 
 
-def verify(source, manifest: dict, splits: list[str]) -> dict:
-    """Every file and sample of `splits` checked: {"files", "samples", "bytes", "damaged_files", "damaged_samples",
-    "unchecked_splits"}."""
+def verify(source, manifest: dict, splits: list[str], only: set | None = None) -> dict:
+    """Every file and sample of `splits` (of the units `only`, where given) checked: {"files", "samples",
+    "bytes", "damaged_files", "damaged_samples", "damaged_units", "unchecked_splits"}. A unit is
+    (split, shard number) of a webdataset shard, (split, None) of an FFCV split."""
     records = {split: manifest["splits"][split] for split in splits}
-    units = [(split, shard) for split, record in records.items() for shard in record.get("shards", [])] + \
+    units = [(split, number) for split, record in records.items() for number in range(len(record.get("shards", [])))] + \
             [(split, None) for split, record in records.items() if "shards" not in record]
-    report = {"files": 0, "samples": 0, "bytes": 0, "damaged_files": [], "damaged_samples": [], "unchecked_splits": []}
+    units = [unit for unit in units if only is None or unit in only]
+    report = {"files": 0, "samples": 0, "bytes": 0, "damaged_files": [], "damaged_samples": [], "damaged_units": [],
+              "unchecked_splits": []}
     with Progress(total=len(units), desc=f"verify {source.name}", unit="shard") as progress:
-        for split, shard in units:
-            record = records[split]
-            if shard is None:        # one file for the split (FFCV's .beton)
-                check_beton(source, record, report)
+        for split, number in units:
+            damaged_before = len(report["damaged_files"]) + len(report["damaged_samples"])
+            if number is None:        # one file for the split (FFCV's .beton)
+                check_beton(source, records[split], report)
             else:
-                check_shard(source, split, shard, report)
+                check_shard(source, split, records[split]["shards"][number], report)
+            if len(report["damaged_files"]) + len(report["damaged_samples"]) > damaged_before:
+                report["damaged_units"].append((split, number))
             progress.update(1)
             progress.set_postfix(MB=f"{report['bytes'] / 1e6:,.0f}")
     report["unchecked_splits"] = [split for split, record in records.items()
@@ -194,10 +206,40 @@ def summary(report: dict, seconds: float) -> list[str]:
     return lines
 
 
+def repair(source, manifest: dict, units: list[tuple], src: Path, num_workers: int) -> list[str]:
+    """Convert the damaged `units` again from SRC (pipeline/convert/repair.py) into the dataset, in
+    place or through a local staging folder into its bucket, the manifest last and only if a record
+    changed; the files rewritten."""
+    if isinstance(source, Remote) and urlsplit(source.url).scheme.lower() not in UPLOAD_SCHEMES:
+        raise ConversionError(f"{source.name}: cannot be written; repair a copy on local disk or in s3:// or gs://")
+    with tempfile.TemporaryDirectory(prefix="fastpipe-repair-") as staging:
+        out = Path(staging) if isinstance(source, Remote) else source.root
+        changed, rewritten = False, []
+        for split in dict.fromkeys(split for split, _ in units):
+            record = manifest["splits"][split]
+            if "shards" in record:
+                numbers = [number for unit_split, number in units if unit_split == split]
+                changed |= rebuild_shards(src, manifest, split, numbers, out, num_workers)
+                rewritten += [f"{split}/{record['shards'][number][kind]}" for number in numbers
+                              for kind in SHARD_FILES if kind in record["shards"][number]]
+            else:
+                changed |= rebuild_beton(src, manifest, split, out, num_workers)
+                rewritten += [record["files"][0], record["checksums"]]
+        if isinstance(source, Remote):
+            Destination(source.url).replace(out, rewritten, manifest if changed else None)
+        elif changed:
+            write_manifest(out, manifest)
+    return rewritten
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="a converted dataset: a folder, or an s3://, gs:// or http(s):// URL")
     parser.add_argument("--splits", help="comma-separated (default: every split of the manifest)")
+    parser.add_argument("--repair", metavar="SRC", type=Path,
+                        help="convert the damaged shards (an FFCV split: its .beton) again from SRC, the image folder "
+                             "the dataset was converted from, in place or into its bucket, the manifest last")
+    parser.add_argument("--num-workers", type=int, default=os.cpu_count() or 1, help="--repair's worker processes")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
@@ -208,11 +250,22 @@ def main(argv=None) -> int:
             raise DatasetError(f"{source.name}: no split {unknown[0]!r} in its manifest "
                                f"(it has {', '.join(manifest.get('splits', {}))})")
         report = verify(source, manifest, splits)
-    except (DatasetError, ManifestError) as error:
+        print("\n".join(summary(report, time.perf_counter() - started)), flush=True)
+        if not (args.repair and report["damaged_units"]):
+            return DAMAGED if report["damaged_units"] else 0
+        rewritten = repair(source, manifest, report["damaged_units"], args.repair, args.num_workers)
+        print(f"repaired from {args.repair}: {', '.join(rewritten)}", flush=True)
+        started = time.perf_counter()
+        source, manifest = open_dataset(args.path)
+        after = verify(source, manifest, splits, only=set(report["damaged_units"]))
+        print("\n".join(summary(after, time.perf_counter() - started)), flush=True)
+        return DAMAGED if after["damaged_units"] else 0
+    except (DatasetError, ManifestError, ConversionError) as error:
         print(f"error: {error}", file=sys.stderr)
         return USAGE_ERROR
-    print("\n".join(summary(report, time.perf_counter() - started)), flush=True)
-    return DAMAGED if report["damaged_files"] or report["damaged_samples"] else 0
+    except ConversionFault as error:
+        print(f"error: {error}", file=sys.stderr)
+        return DAMAGED
 
 
 if __name__ == "__main__":

@@ -184,8 +184,8 @@ def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitRe
         replace_atomically(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
-    return SplitResult(len(good), skipped, [final.name], {"bytes": final.stat().st_size, "sha256": sha256_file(final),
-                                                          **checksums})
+    return SplitResult(len(good), skipped, [final.name, checksums["checksums"]],
+                       {"bytes": final.stat().st_size, "sha256": sha256_file(final), **checksums})
 
 
 def write_checksums(beton: Path, path: Path) -> dict:

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from pipeline.convert.errors import ConversionError, ConversionFault
 from pipeline.errors import RemoteDataError
-from pipeline.formats.manifest import MANIFEST, ManifestError, read_manifest
+from pipeline.formats.manifest import MANIFEST, ManifestError, read_manifest, write_manifest
 from pipeline.storage.object_store import open_store
 from pipeline.storage.errors import describe_error
 from pipeline.storage.urls import redact
@@ -82,8 +82,10 @@ def listed_files(manifest: dict) -> dict[str, tuple[int | None, str | None]]:
             files[f"{split}/{shard['index']}"] = (shard.get("index_bytes"), shard.get("index_sha256"))
             if "checksums" in shard:
                 files[f"{split}/{shard['checksums']}"] = (shard.get("checksums_bytes"), shard.get("checksums_sha256"))
-        if len(record.get("files", [])) == 1 and "shards" not in record:
+        if record.get("files") and "shards" not in record:        # FFCV: the .beton, then its checksums
             files[record["files"][0]] = (record.get("bytes"), record.get("sha256"))
+            if "checksums" in record:
+                files[record["checksums"]] = (record.get("checksums_bytes"), record.get("checksums_sha256"))
     return files
 
 
@@ -158,6 +160,19 @@ class Destination:
         if stale:
             log.info("%s: %d objects there are not in this manifest (from an earlier conversion, e.g. %s); left "
                      "as they are", self.shown, len(stale), stale[0])
+
+    def replace(self, staging: Path, names: list[str], manifest: dict | None) -> None:
+        """Upload `names` from `staging` over what the destination holds (a repair: their metadata
+        may vouch for bytes damaged since), then `manifest`, where given, as the new manifest; the
+        earlier one is deleted first, so that the prefix never looks finished with records that
+        do not match its files."""
+        if manifest is not None:
+            self._delete(MANIFEST)
+        local = {name: ((staging / name).stat().st_size, sha256_file(staging / name)) for name in names}
+        self._put_all(staging, names, local, sum(size for size, _ in local.values()))
+        if manifest is not None:
+            write_manifest(staging, manifest)
+            self._put(staging, MANIFEST, (staging / MANIFEST).stat().st_size, sha256_file(staging / MANIFEST), None)
 
     def _put_all(self, staging: Path, todo: list[str], local: dict, total: int) -> None:
         progress = Progress(-(-total // MiB), f"uploading to {self.shown}", unit="MiB")
