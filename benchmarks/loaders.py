@@ -198,7 +198,8 @@ def measure(config: dict) -> dict:
     if remote:
         from pipeline.remote.block_plan import sample_spans
         starts, ends = sample_spans(loader.stored.members)
-        read = int((ends - starts)[np.concatenate(loader._plan)].sum())
+        last_epoch = loader.stored.epoch_batches(loader.spec, config["epochs"])     # webdataset's and DALI's source's
+        read = int((ends - starts)[np.concatenate(last_epoch)].sum())
         figures.update(fetched_bytes_per_epoch=statistics.median(fetched[1:]),
                        requests_per_epoch=statistics.median(requests[1:]), sample_bytes_per_epoch=read,
                        cache_limit=config["options"]["cache_limit"], streamed_in_memory=loader.stored.in_memory,

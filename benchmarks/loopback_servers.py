@@ -71,7 +71,7 @@ http {{
   access_log {self.access_log}; sendfile on; tcp_nopush on;
   client_body_temp_path {prefix}/body; proxy_temp_path {prefix}/proxy; fastcgi_temp_path {prefix}/fcgi;
   uwsgi_temp_path {prefix}/uwsgi; scgi_temp_path {prefix}/scgi;
-  server {{ listen 127.0.0.1:{self.port}{" ssl" if tls else ""}; root {root}; {auth} location /denied/ {{ deny all; }} {delay}
+  server {{ listen 127.0.0.1:{self.port}{" ssl" if tls else ""}; root {Path(root).resolve()}; {auth} location /denied/ {{ deny all; }} {delay}
            {f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};" if tls else ""} }}
 }}""")
         # -e: the log of its start too, which is otherwise the build's path (/var/log/nginx)
