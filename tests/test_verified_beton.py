@@ -16,7 +16,7 @@ import torch
 import verify_dataset
 from pipeline import LoaderSpec, build_loader
 from pipeline.errors import CorruptSample, DatasetError
-from pipeline.formats.beton_checksums import MappedFile, read_layout, sample_checksums
+from pipeline.formats.beton_checksums import BetonLayoutError, MappedFile, read_layout, sample_checksums
 from pipeline.formats.manifest import MANIFEST_VERSION
 
 DAMAGED = 5
@@ -111,6 +111,14 @@ def test_damage_to_the_layout_is_one_line(beton_copy, tmp_path):
         build_loader(spec(beton_copy, tmp_path, verify="full"))
     [line] = str(raised.value).splitlines()
     assert line.startswith(f"{beton}: its header or allocation table fails the checksum recorded at conversion")
+
+
+@pytest.mark.parametrize("at,says", [(0, "format version 18, FFCV reads 2"), (21, "its allocation table at ")])
+def test_a_header_that_does_not_parse_is_a_layout_error_and_the_file_closes(beton_copy, at, says):
+    beton = beton_copy / "train.beton"
+    flip(beton, at)          # the format version; the pointer to the allocation table
+    with pytest.raises(BetonLayoutError, match=says), MappedFile(beton) as buffer:
+        read_layout(buffer)
 
 
 def test_a_beton_converted_before_checksums_is_checked_by_its_sha256(beton_copy, tmp_path, caplog):

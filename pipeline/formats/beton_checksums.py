@@ -53,19 +53,20 @@ def read_layout(buffer) -> BetonLayout:
     from ffcv.types import ALLOC_TABLE_TYPE, CURRENT_VERSION, FieldDescType, HeaderType, get_handlers, \
         get_metadata_type
     size = len(buffer)
-    try:
-        header = np.frombuffer(buffer, HeaderType, count=1)[0]
+    try:        # copies, not views: a view of a memory map would keep it from closing
+        header = np.frombuffer(bytes(buffer[:HeaderType.itemsize]), HeaderType, count=1)[0]
         if header["version"] != CURRENT_VERSION:
             raise BetonLayoutError(f"format version {header['version']}, FFCV reads {CURRENT_VERSION}")
         fields_at, table_at = HeaderType.itemsize, int(header["alloc_table_ptr"])
         if not fields_at < table_at <= size or (size - table_at) % ALLOC_TABLE_TYPE.itemsize:
             raise BetonLayoutError(f"its allocation table at {table_at:,} does not fit its {size:,} bytes")
-        descriptors = np.frombuffer(buffer, FieldDescType, count=int(header["num_fields"]), offset=fields_at)
+        descriptors = np.frombuffer(bytes(buffer[fields_at:fields_at + int(header["num_fields"]) * FieldDescType.itemsize]),
+                                    FieldDescType)
         row_type = get_metadata_type(get_handlers(descriptors))
         count, metadata_at = int(header["num_samples"]), fields_at + descriptors.nbytes
         if metadata_at + count * row_type.itemsize > table_at:
             raise BetonLayoutError(f"{count:,} samples' metadata do not fit before its allocation table")
-        table = np.frombuffer(buffer, ALLOC_TABLE_TYPE, offset=table_at)
+        table = np.frombuffer(bytes(buffer[table_at:size]), ALLOC_TABLE_TYPE)
     except BetonLayoutError:
         raise
     except Exception as error:  # noqa: BLE001 - numpy's and FFCV's assorted errors on bytes that are no .beton
@@ -81,11 +82,13 @@ def _checksums(buffer, layout: BetonLayout, lo: int, hi: int) -> tuple[np.ndarra
     """Samples [lo, hi)'s checksums, and the bytes they cover; a region past the end reads as empty,
     so its sample fails its checksum."""
     found, covered = np.empty(hi - lo, np.uint32), 0
-    pointers, sizes, first = layout.allocations["ptr"].tolist(), layout.allocations["size"].tolist(), layout.first_allocation
+    first = (layout.first_allocation[lo:hi + 1] - layout.first_allocation[lo]).tolist()
+    rows = layout.allocations[int(layout.first_allocation[lo]):int(layout.first_allocation[hi])]
+    pointers, sizes = rows["ptr"].tolist(), rows["size"].tolist()
     for sample in range(lo, hi):
         row = layout.metadata_at + sample * layout.row_bytes
         value = zlib.crc32(buffer[row:row + layout.row_bytes])
-        for slot in range(int(first[sample]), int(first[sample + 1])):
+        for slot in range(first[sample - lo], first[sample - lo + 1]):
             value = zlib.crc32(buffer[pointers[slot]:pointers[slot] + sizes[slot]], value)
             covered += sizes[slot]
         found[sample - lo] = value
@@ -95,10 +98,10 @@ def _checksums(buffer, layout: BetonLayout, lo: int, hi: int) -> tuple[np.ndarra
 def sample_checksums(buffer, layout: BetonLayout | None = None, progress=None, threads: int | None = None) -> np.ndarray:
     """Every sample's checksum (uint32), `progress.update`d in MiB as they are computed."""
     layout = layout or read_layout(buffer)
-    view = memoryview(buffer)
     starts = range(0, layout.count, SAMPLES_PER_TASK)
     result = np.empty(layout.count, np.uint32)
-    with ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1), thread_name_prefix="crc32") as pool:
+    with memoryview(buffer) as view, \
+            ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1), thread_name_prefix="crc32") as pool:
         tasks = [pool.submit(_checksums, view, layout, lo, min(lo + SAMPLES_PER_TASK, layout.count)) for lo in starts]
         done = 0
         for lo, task in zip(starts, tasks):
@@ -107,7 +110,6 @@ def sample_checksums(buffer, layout: BetonLayout | None = None, progress=None, t
             if progress is not None:
                 progress.update((done + covered) // MIB - done // MIB)
             done += covered
-    view.release()
     return result
 
 
