@@ -148,3 +148,19 @@ def test_verify_dataset_names_a_damaged_beton_sample(beton_copy, capsys):
     out = capsys.readouterr().out
     assert f"{beton}: sample {DAMAGED}: its bytes fail the checksum recorded at conversion" in out
     assert out.count("fail the checksum") == 1
+
+
+def test_verify_dataset_checks_a_beton_at_a_url_through_a_copy_on_disk(beton_copy, tmp_path, capsys, monkeypatch):
+    from benchmarks.loopback_servers import Nginx
+    monkeypatch.setattr(verify_dataset, "IN_MEMORY", 64 << 10)     # every .beton of the sample is larger
+    monkeypatch.setattr(verify_dataset, "CHUNK", 1 << 20)
+    beton = beton_copy / "train.beton"
+    flip(beton, image_byte(beton, DAMAGED))
+    server = Nginx(beton_copy.parent, tmp_path / "nginx")
+    try:
+        code = verify_dataset.main([f"{server.url}/{beton_copy.name}"])
+    finally:
+        server.stop()
+    out = capsys.readouterr().out
+    assert code == 1 and f"/{beton_copy.name}/train.beton: sample {DAMAGED}: its bytes fail the checksum" in out
+    assert out.count("fail the checksum") == 1

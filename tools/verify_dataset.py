@@ -36,10 +36,12 @@ from pipeline.formats.beton_checksums import BetonLayoutError, damaged_samples a
 from pipeline.formats.converted import CONVERTERS, IMAGE_MEMBER, LABEL_MEMBER
 from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest, write_manifest
 from pipeline.progress import Progress
+from pipeline.storage.atomic_files import FULL_DISK
 from pipeline.storage.urls import is_url, redact
 
 log = logging.getLogger("verify_dataset")
 USAGE_ERROR, DAMAGED = 2, 1
+IN_MEMORY, CHUNK = 512 << 20, 64 << 20      # a remote file larger than IN_MEMORY is copied to disk, CHUNK at a time
 
 
 class Folder:
@@ -67,12 +69,26 @@ class Remote:
         from pipeline.storage.object_store import open_store
         self.store, self.name, self.url = open_store(url), redact(url), url
 
-    def read(self, name: str) -> bytes | None:
+    def read(self, name: str):
+        """The object's bytes, or None when it is missing; one larger than IN_MEMORY (a .beton) is
+        fetched in ranges into a temporary file, unlinked at once, and read through a memory map."""
         from pipeline.storage.errors import RemoteNotFound
         try:
-            return self.store.read(name)
+            size = self.store.size(name)
+            if size <= IN_MEMORY:
+                return self.store.read(name)
+            with tempfile.TemporaryFile(prefix="verify-") as file:
+                for start in range(0, size, CHUNK):
+                    file.write(self.store.read_ranges(name, [(start, min(start + CHUNK, size))])[0])
+                file.flush()
+                return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         except RemoteNotFound:
             return None
+        except OSError as error:
+            if error.errno not in FULL_DISK:
+                raise
+            raise DatasetError(f"{self.store.where(name)}: no room for a copy in {tempfile.gettempdir()} "
+                               f"({error.strerror}); set TMPDIR to a larger disk") from None
 
 
 def open_dataset(path: str):
