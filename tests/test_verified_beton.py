@@ -164,3 +164,19 @@ def test_verify_dataset_checks_a_beton_at_a_url_through_a_copy_on_disk(beton_cop
     out = capsys.readouterr().out
     assert code == 1 and f"/{beton_copy.name}/train.beton: sample {DAMAGED}: its bytes fail the checksum" in out
     assert out.count("fail the checksum") == 1
+
+
+def test_a_staged_copy_damaged_since_it_was_staged_is_staged_again(beton_copy, tmp_path, caplog):
+    from benchmarks.loopback_servers import Nginx
+    server = Nginx(beton_copy.parent, tmp_path / "nginx")
+    try:
+        url = f"{server.url}/{beton_copy.name}"
+        staged = build_loader(spec(url, tmp_path, verify="full")).beton       # checked whole as it was staged
+        sound = staged.read_bytes()
+        flip(staged, image_byte(staged, DAMAGED))                              # the cache's disk, since
+        with caplog.at_level(logging.WARNING):
+            again = build_loader(spec(url, tmp_path, verify="full"))
+    finally:
+        server.stop()
+    assert "is damaged (1 samples) since it was staged; staging it again" in caplog.text
+    assert not len(again.damaged) and again.beton == staged and staged.read_bytes() == sound

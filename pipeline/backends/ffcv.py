@@ -56,7 +56,7 @@ from pipeline.datasets import read_converted
 from pipeline.errors import FAILS_CHECKSUM, CorruptSample, DatasetError
 from pipeline.formats.converted import CONVERTERS
 from pipeline.loader.sharding import batch_count, rank_samples
-from pipeline.remote.dataset import default_cache_dir
+from pipeline.remote.dataset import default_cache_dir, stage_again
 from pipeline.spec import LoaderSpec
 
 log = logging.getLogger(__name__)
@@ -209,24 +209,37 @@ class FFCVLoader(Loader):
 
 
 def _damaged_samples(data, spec: LoaderSpec) -> list[int]:
-    """With data.verify=full, the samples of a local .beton that fail their recorded checksums
+    """With data.verify=full, the samples of the .beton that fail their recorded checksums
     (on_corrupt='raise': a CorruptSample naming them); else none. A staged copy of a remote
-    .beton was checked whole against its sha256 already."""
+    .beton, checked whole by its sha256 when it was staged, is checked again here: one damaged
+    since (the cache's disk) is staged again."""
     beton, record = data.files[0], data.record
-    if spec.verify != "full" or data.remote is not None:
+    if spec.verify != "full":
         return []
     if "checksums" not in record:
-        log.warning("%s: converted before per-sample checksums, so data.verify=full checks its sha256 instead; "
-                    "run %s again to have its samples checked", beton, CONVERTERS["ffcv"])
-        with open(beton, "rb") as file:
-            if hashlib.file_digest(file, "sha256").hexdigest() != record.get("sha256"):
-                raise DatasetError(f"{beton}: its sha256 differs from its manifest's: its bytes changed; "
-                                   f"run {CONVERTERS['ffcv']} again")
+        if data.remote is None:
+            log.warning("%s: converted before per-sample checksums, so data.verify=full checks its sha256 instead; "
+                        "run %s again to have its samples checked", beton, CONVERTERS["ffcv"])
+            with open(beton, "rb") as file:
+                if hashlib.file_digest(file, "sha256").hexdigest() != record.get("sha256"):
+                    raise DatasetError(f"{beton}: its sha256 differs from its manifest's: its bytes changed; "
+                                       f"run {CONVERTERS['ffcv']} again")
         return []
-    try:
-        damaged = check_once(beton, record, Path(spec.cache_dir or default_cache_dir()) / "verified")
-    except BetonLayoutError as error:
-        raise DatasetError(f"{beton}: {error}; run {CONVERTERS['ffcv']} again") from None
+    results = Path(spec.cache_dir or default_cache_dir()) / "verified"
+
+    def checked() -> list[int]:
+        try:
+            return check_once(beton, record, results)
+        except BetonLayoutError as error:
+            if data.remote is not None:
+                return list(range(record["count"]))
+            raise DatasetError(f"{beton}: {error}; run {CONVERTERS['ffcv']} again") from None
+    damaged = checked()
+    if damaged and data.remote is not None:
+        log.warning("%s: the staged copy of %s is damaged (%d samples) since it was staged; staging it again",
+                    beton, data.remote.store.where(record["files"][0]), len(damaged))
+        stage_again(data)        # the store's copy, checked by its sha256 as it is staged
+        damaged = checked()
     if len(damaged) == record["count"]:
         raise DatasetError(f"{beton}: every sample fails its checksum; run {CONVERTERS['ffcv']} again")
     if damaged:

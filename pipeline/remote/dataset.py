@@ -101,6 +101,9 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
         files = [Path(name) for name in record["files"]]
         if kind == "ffcv":      # FFCV memory-maps its file: read from a local copy, checked against the manifest
             files = [_staged_beton(store, record, folder)]
+            if "checksums" in record:       # beside it, for data.verify=full to check the copy's samples against
+                _fetch_index(store, record["checksums"], folder / record["checksums"], record.get("checksums_sha256"),
+                             CONVERTERS["ffcv"])
     split_data = ConvertedSplit(folder, kind, split, classes, record["count"], files, shards, record=record)
     split_data.remote = RemoteSource(store, cache, dataset)
     return split_data
@@ -128,13 +131,21 @@ def _staged_beton(store: ObjectStore, record: dict, folder: Path) -> Path:
     return stage_file(store, name, folder / name, record["bytes"], record["sha256"])
 
 
+def stage_again(data: ConvertedSplit) -> Path:
+    """The staged copy of a split's .beton, found damaged since it was staged (the cache's disk), removed
+    and staged again from the store, checked against its sha256."""
+    data.files[0].unlink(missing_ok=True)
+    return _staged_beton(data.remote.store, data.record, data.root)
+
+
 def _check_ranges(store: ObjectStore, name: str) -> None:
     """A server that ignores Range and sends whole files (Python's http.server) is found here,
     beside the indexes' fetches, rather than at the first batch, where training had begun."""
     store.read_ranges(name, [(0, 1)])
 
 
-def _fetch_index(store: ObjectStore, name: str, local: Path, sha256: str | None = None) -> None:
+def _fetch_index(store: ObjectStore, name: str, local: Path, sha256: str | None = None,
+                 converter: str = CONVERTERS["webdataset"]) -> None:
     """A shard's index (or checksums) into the cache, checked against the manifest's sha256 where it
     records one: an answer damaged in transit is fetched again, FETCHES times at most."""
     if local.exists():
@@ -145,4 +156,4 @@ def _fetch_index(store: ObjectStore, name: str, local: Path, sha256: str | None 
             write_bytes_atomic(local, data, durable=False)
             return
     raise RemoteDataError(f"{store.where(name)}: its sha256 differs from the manifest's, in {FETCHES} answers: the "
-                          f"stored file is damaged; run {CONVERTERS['webdataset']} again")
+                          f"stored file is damaged; run {converter} again")
