@@ -71,9 +71,9 @@ def test_colout_loader_and_batch_side(tmp_path):
 def test_the_trainer_builds_each_loader_once_from_its_settled_spec(tmp_path, monkeypatch):
     """Every loader-side setting is in the spec a loader is built from, before any iteration, and
     each loader is built exactly once: the algorithms change specs, never built loaders."""
-    import training.trainer
-    built, build = [], training.trainer.build_loader
-    monkeypatch.setattr(training.trainer, "build_loader", lambda spec: built.append(build(spec)) or built[-1])
+    import training.run_setup
+    built, build = [], training.run_setup.build_loader
+    monkeypatch.setattr(training.run_setup, "build_loader", lambda spec: built.append(build(spec)) or built[-1])
     trainer = tiny_trainer(tmp_path, build_algorithms({
         "scale_schedule": {"ratio": 2.0}, "progressive_resizing": {"initial_scale": 0.5},
         "colout": {"p_row": 0.25, "p_col": 0.25}, "fixres": {"eval_resolution": 24, "eval_crop_ratio": 0.5}}))

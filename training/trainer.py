@@ -11,207 +11,26 @@ checkpoints intact); training/stop_requests.py says how the ranks agree.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import os
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 
-from algorithms import clashes
-from algorithms.base import Event, RunPlan, settle_loader_specs
-from pipeline import batches_per_epoch, build_loader, split_samples
+from algorithms.base import Event
 from pipeline.storage.urls import redact
 from training import distributed as dist
-from training import checkpoints, data_order
-from training.config import Config, ConfigError, shareable
-from training.engine import Engine
-from training.losses import build_loss
-from training.models import build_model
-from training.optim import build_optimizer, build_scheduler
-from training.precision import autocast_for, describe, gpu_precision, probe_cpu_precision
-from training.rng import rng_state, seed_everything
-from training.run_log import RunLog, cannot_write
-from training.state import State
-from training.step_phases import StepPhases
-from training.step_stream import StepStream
-from training.stop_requests import Preempted, RunFault, StopRequests
+from training.precision import describe
+from training.run_records import RunRecords
+from training.run_setup import RunSetup
 
 log = logging.getLogger("training")
 
 
-class Trainer:
-    """A run, built by the steps `__init__` lists, in order, each from what the steps before it
-    settled. The config given is left as it was: a step that settles a key (precision=auto's
-    choice, each rank's share of the global batch, the run's length) puts a new Config in
-    `self.config`, and the algorithms' records at INIT go into sections of the trainer's own."""
+class Trainer(RunSetup, RunRecords):
+    """A run: built by RunSetup (training/run_setup.py), kept and resumed by RunRecords
+    (training/run_records.py); `fit` trains it, `train_step` and `evaluate` are its parts."""
 
-    def __init__(self, config: Config, world: dist.World, algorithms=()):
-        self.config, self.world, algorithms = config, world, list(algorithms)
-        self._find_checkpoint()
-        self._settle_gpu_precision()
-        self._validate_for_device()
-        self._set_determinism()
-        train_loader, val_loader = self._build_loaders(algorithms)
-        model = self._build_model(train_loader.num_classes)
-        self._fire_init(model, train_loader, val_loader, algorithms)
-        self._settle_cpu_precision()
-        self._wrap_for_training()
-        self._build_optimizer()
-        self._start_records()
-
-    # --- building the run, step by step -----------------------------------------------------
-    def _find_checkpoint(self) -> None:
-        """(path, checkpoint) this run goes on from, or None: read once, first, because the global batch
-        and precision=auto keep what it was trained with; _resume restores it and lets it go."""
-        self.store = checkpoints.CheckpointStore(Path(self.config.run_dir) / "checkpoints", self.config.checkpoint.keep)
-        self._resume_from = checkpoints.find(self.store, self.config.resume)
-
-    def _settle_gpu_precision(self) -> None:
-        """precision=auto on CUDA, before INIT, where algorithms check it (SAM refuses fp16); a CPU's
-        is measured on the model after INIT. `_precision_choice`: what auto picked, and why."""
-        auto_on_cuda = self.config.precision == "auto" and self.world.device.type == "cuda"
-        self._precision_choice = gpu_precision() if auto_on_cuda else None
-        self._damaged_skipped = [0, 0]          # (train, val) over all ranks, at the end of fit
-        if auto_on_cuda:
-            self.config = dataclasses.replace(self.config, precision=self._precision_choice["precision"])
-
-    def _validate_for_device(self) -> None:
-        """Settings this device cannot run are config errors before anything is built."""
-        config, device = self.config, self.world.device
-        if config.precision == "fp16" and device.type != "cuda":
-            raise ConfigError("precision=fp16 needs CUDA (it needs a GradScaler and CPUs lack fast fp16); use bf16")
-        try:
-            self.step_stream = StepStream(device, config.step_stream)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-
-    def _set_determinism(self) -> None:
-        deterministic = self.config.deterministic
-        if deterministic and self.world.device.type == "cuda":
-            # cuBLAS is deterministic only with a fixed workspace, read when its handle is made; without
-            # it torch's deterministic mode raises at the first matmul
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        if deterministic or torch.are_deterministic_algorithms_enabled():
-            # only where it changes something: the call imports torch._inductor, seconds of every rank's start
-            torch.use_deterministic_algorithms(deterministic)
-        torch.backends.cudnn.benchmark = not deterministic
-
-    def _build_loaders(self, algorithms: list) -> tuple:
-        """The train and val loaders, each built once, from its final spec: all that shapes them is settled first."""
-        global_batch = self._settle_global_batch()
-        (train_spec, val_spec), steps_per_epoch = self._settle_loader_specs(algorithms)
-        train_loader, val_loader = build_loader(train_spec), build_loader(val_spec)
-        if len(train_loader) != steps_per_epoch:      # the plan's schedules, and every rank's step count, rest on it
-            raise ConfigError(f"the {train_spec.backend} loader gives {len(train_loader)} batches an epoch where "
-                              f"{steps_per_epoch} were planned: an algorithm changed the batch size or split")
-        self.data_order = data_order.record(global_batch, train_loader.spec.backend, split_samples(train_spec),
-                                            train_loader.num_classes)
-        return train_loader, val_loader
-
-    def _settle_global_batch(self) -> dict:
-        """The global batch is the run's for life: at another world size each rank takes another share."""
-        checkpoint = self._resume_from and self._resume_from[1]
-        self.config, global_batch = data_order.settle_global_batch(self.config, self.world.size, checkpoint)
-        return global_batch
-
-    def _settle_loader_specs(self, algorithms: list) -> tuple[list, int]:
-        """The loaders' specs and the run's length (ScaleSchedule stretches it) as the algorithms settle
-        them, and the train steps an epoch; a setting a loader cannot take (e.g. RandAugment in FFCV)
-        is a config error, reported as one."""
-        config, world = self.config, self.world
-        placement = dict(device=str(world.device), rank=world.rank, world_size=world.size, seed=config.seed)
-        specs = [config.data.loader_spec(split, **placement) for split in ("train", "val")]
-        steps_per_epoch = batches_per_epoch(specs[0])
-        if steps_per_epoch == 0:
-            raise ConfigError(f"a global batch of {config.data.global_batch_size} samples ({world.size} ranks x "
-                              f"data.batch_size={config.data.batch_size}) is more than the train split holds: "
-                              f"no full batch per epoch")
-        try:
-            specs, plan = settle_loader_specs(algorithms, specs, RunPlan(config.max_duration, steps_per_epoch))
-        except ValueError as error:
-            raise ConfigError(f"config key 'algorithms': {error}") from None
-        self.config = dataclasses.replace(config, max_duration=plan.max_duration)
-        return specs, steps_per_epoch
-
-    def _build_model(self, num_classes: int) -> torch.nn.Module:
-        """The model, with the same initial weights on every rank; each rank's own random streams after."""
-        config = self.config
-        torch.manual_seed(config.seed)
-        model = build_model(config.model.name, num_classes, zero_init_residual=config.model.zero_init_residual,
-                            bce_bias_init=config.model.bce_bias_init, **_small_resnet_options(config))
-        model = model.to(self.world.device,
-                         memory_format=torch.channels_last if config.channels_last else torch.contiguous_format)
-        seed_everything(config.seed, self.world.rank)
-        return model
-
-    def _fire_init(self, model: torch.nn.Module, train_loader, val_loader, algorithms: list) -> None:
-        """The loop's state, and INIT fired on it: model surgery and the config's records of the settled
-        run (scaled schedules, the eval resolution) come before anything holds on to the model's
-        parameters. A setting the model cannot take is a config error, reported as one."""
-        self.config = config = _with_own_sections(self.config)
-        self.autocast = autocast_for(self.world.device, config.precision)
-        self.state = State(config=config, world=self.world, model=model, train_loader=train_loader,
-                           val_loader=val_loader, num_classes=train_loader.num_classes,
-                           steps_per_epoch=len(train_loader), algorithms=algorithms, autocast=self.autocast)
-        self.engine = Engine(algorithms)
-        for warning in clashes(config.algorithms, config.loss.label_smoothing) if self.world.is_main else ():
-            log.warning("algorithms clash: %s", warning)
-        try:
-            self.engine.fire(Event.INIT, self.state)
-        except ValueError as error:
-            raise ConfigError(f"config key 'algorithms': {error}") from None
-
-    def _settle_cpu_precision(self) -> None:
-        """precision=auto on a CPU: the precision of the checkpoint this run resumes from, else the
-        faster of fp32 and bf16 as rank 0 measured it on the model as INIT left it (every rank measures,
-        sharing the cores as in training) at the loader's first batch and image size."""
-        state, found = self.state, self._resume_from
-        if self.config.precision != "auto":       # chosen by now on CUDA
-            return
-        saved = found[1]["config"]["precision"] if found else None
-        if saved in ("fp32", "bf16"):     # not fp16 from a GPU: that run's numerics cannot go on here
-            self._precision_choice = {"precision": saved, "why": f"as trained before, by checkpoint {found[0].name}"}
-        else:
-            choice = probe_cpu_precision(state.model, self.config.data.batch_size, state.train_loader.resolution,
-                                         state.num_classes, self.config.channels_last)
-            self._precision_choice = dist.broadcast_from_main(choice, self.world)
-        self.config = state.config = dataclasses.replace(self.config, precision=self._precision_choice["precision"])
-        self.autocast = state.autocast = autocast_for(self.world.device, self.config.precision)
-
-    def _wrap_for_training(self) -> None:
-        """What the loop trains through: DDP around the model across ranks, torch.compile around that."""
-        state, device = self.state, self.world.device
-        self.ddp = DistributedDataParallel(state.model, device_ids=[device.index] if device.type == "cuda" else None) \
-            if self.world.distributed else None
-        state.train_model = self.ddp or state.model
-        if self.config.compile:
-            state.train_model = torch.compile(state.train_model)
-
-    def _build_optimizer(self) -> None:
-        """The optimizer, LR schedule, grad scaler and loss, from the config as INIT left it."""
-        state, config, world = self.state, self.config, self.world
-        state.total_steps = config.max_duration.to_batches(state.steps_per_epoch)
-        state.optimizer = build_optimizer(state.model, config.optim, config.data.batch_size * world.size)
-        state.scheduler = build_scheduler(state.optimizer, config.optim, state.steps_per_epoch, state.total_steps)
-        state.scaler = torch.amp.GradScaler(world.device.type, enabled=config.precision == "fp16")
-        state.loss_fn = build_loss(config.loss)
-
-    def _start_records(self) -> None:
-        """The run's log, stop requests, step phases and wall clock."""
-        config, on_cuda = self.config, self.world.device.type == "cuda"
-        self.log = RunLog(Path(config.run_dir), self.world.is_main, config.log.progress, config.log.tensorboard)
-        self.stops, self.stop = StopRequests(self.world), None
-        self._resume_changes: dict | None = None     # for metrics.jsonl, once the run directory is ready
-        self._wall_before = 0.0               # wall time of earlier sessions of this run
-        self.phases = StepPhases(config.log.step_phases is True or (config.log.step_phases == "auto" and not on_cuda),
-                                 sync=torch.cuda.synchronize if on_cuda else None)
-        self._session_start = time.perf_counter()
-
-    # --- the run --------------------------------------------------------------------------
     def fit(self) -> dict:
         self.stops.install()
         try:
@@ -407,111 +226,6 @@ class Trainer:
                        f"top-5 {state.metrics['val_top5']:.2f}%, loss {state.metrics['val_loss']:.4f}")
         return state.metrics
 
-    # --- checkpoints ------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path | None:
-        """All ranks call this: their RNG states are gathered; rank 0 writes the file and tells
-        the others whether it could (RunFault on every rank if not). Rank 0 gets the path."""
-        state, path, problem = self.state, None, None
-        dist.doing(f"the checkpoint of step {state.step}")
-        rng_states = dist.gather_to_main(rng_state(), self.world)
-        if self.world.is_main:
-            checkpoint = checkpoints.snapshot(state, self.engine, self.config, rng_states,
-                                              {"wall_seconds": self._wall_seconds(),
-                                               "step_phases": self.phases.state_dict()}, self.data_order)
-            try:
-                path = self.store.save(checkpoint, state.epoch, state.step)
-            except OSError as error:
-                error.filename = None                 # name the checkpoint, not its temporary file
-                problem = (f"{cannot_write(error, self.store.path(state.epoch, state.step))}; "
-                           f"the checkpoints before it are intact")
-        problem = dist.broadcast_from_main(problem, self.world)   # the barrier: no rank runs ahead of the file
-        if problem:
-            raise RunFault(problem if self.world.is_main else "")
-        return path
-
-    def _stop_now(self) -> None:
-        """Every rank, after the step at which they agreed to stop: a fault ends the run there; a
-        signal gets a checkpoint of exactly this step first (no evaluation: the grace time
-        before SIGKILL is short; a resumed run evaluates first if this step was due one)."""
-        self.stops.drain()
-        if self.stop.fault:
-            raise RunFault(self.log.fault or "")
-        path = self.save_checkpoint()
-        self.log.print(f"stopped by {self.stop.signal.name} after step {self.state.step}: checkpoint {path} "
-                       f"written; resume=auto continues the run")
-        raise Preempted(self.stop.exit_code)
-
-    def _prepare_run_dir(self) -> None:
-        """Rank 0 checks that the run directory can be written, drops the metrics lines a resumed
-        run writes again and saves the config; a place that cannot be written is a ConfigError
-        on every rank (rank 0 says why)."""
-        problem = None
-        if self.world.is_main:
-            try:
-                self.log.check_writable()
-                self.log.rewind(self.state.step)
-                self.log.write_config(shareable(self.config))
-            except OSError as error:
-                problem = f"run_dir {self.config.run_dir}: {cannot_write(error, self.config.run_dir)}"
-        problem = dist.broadcast_from_main(problem, self.world)
-        if problem:
-            raise ConfigError(problem)
-
-    def _resume(self) -> None:
-        resume = self.config.resume
-        if resume == "never":
-            if self.store.checkpoints():
-                raise ConfigError(f"run_dir {self.config.run_dir} already has checkpoints; resume=auto continues "
-                                  f"that run, or pick another run_dir")
-            return
-        found, self._resume_from = self._resume_from, None    # not kept in memory after this
-        if found is None:
-            return
-        path, checkpoint = found
-        state = self.state
-        earlier, changed, order_changes = checkpoints.restore(checkpoint, path, state, self.engine, self.config,
-                                                              self.world.rank, self.data_order)
-        self._wall_before = earlier["wall_seconds"]
-        if "step_phases" in earlier:
-            self.phases.load_state_dict(earlier["step_phases"])
-        saved_world = checkpoint["world_size"]
-        self.log.print(f"resumed from {path}: epoch {state.epoch + 1}, step {state.step}"
-                       + (f", on {_processes(self.world.size)} where it had {saved_world}: {self.config.data.batch_size} "
-                          f"samples each of the global batch of {self.config.data.global_batch_size}"
-                          if saved_world != self.world.size else "")
-                       + (f" (config keys changed since: {', '.join(changed)})" if changed else ""))
-        if order_changes:
-            if self.world.is_main:
-                log.warning("resumed with %s (resume_allow_changes=true): epoch %d goes on from step %d of %d with "
-                            "samples drawn afresh, not exactly those it had left", "; ".join(order_changes),
-                            state.epoch + 1, state.batch_in_epoch, state.steps_per_epoch)
-            self._resume_changes = {"epoch": state.epoch, "step": state.step, "resume_changes": order_changes}
-
-    def _wall_seconds(self) -> float:
-        return self._wall_before + time.perf_counter() - self._session_start
-
-    def _summary(self) -> dict:
-        state = self.state
-        summary = {"best_val_top1": state.best_val_top1, "last_val_top1": state.metrics.get("val_top1"),
-                   "last_val_top5": state.metrics.get("val_top5"), "wall_s": round(self._wall_seconds(), 2),
-                   "train_img_per_s": round(state.samples_seen / max(state.train_seconds, 1e-9), 1),
-                   "epochs": round(state.step / state.steps_per_epoch, 3), "steps": state.step,
-                   "world_size": self.world.size, "device": str(self.world.device), "precision": self.config.precision,
-                   **({"precision_auto": self._precision_choice} if self._precision_choice else {}),
-                   "step_phases": self.phases.shares(),
-                   # damaged samples skipped since this start of the run (train, val), over all ranks
-                   "damaged_samples_skipped": dict(zip(("train", "val"), self._damaged_skipped))}
-        if self.log.fault:
-            raise RunFault(self.log.fault)
-        try:
-            self.log.write_summary(summary)
-        except OSError as error:
-            raise RunFault(cannot_write(error, self.config.run_dir)) from None
-        self.log.print(f"done: top-1 {summary['last_val_top1']:.2f}% (best {summary['best_val_top1']:.2f}%), "
-                       f"{summary['epochs']:g} epochs in {summary['wall_s']:.1f} s, "
-                       f"{summary['train_img_per_s']:,.0f} train img/s, run dir {self.config.run_dir}")
-        return summary
-
 
 class _Timer:
     """Seconds since creation, less the spans spent inside `paused()` (checkpoint writes)."""
@@ -529,23 +243,5 @@ class _Timer:
         return time.perf_counter() - self._start - self._paused
 
 
-def _processes(count: int) -> str:
-    return f"{count} process" + ("es" if count != 1 else "")
-
-
 def _due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
-
-
-def _with_own_sections(config: Config) -> Config:
-    """`config` with copies of its sections (data, optim, loss, ...), which algorithms change at INIT
-    by assigning their keys: the sections of the config the trainer was given stay as they were."""
-    return dataclasses.replace(config, **{field.name: dataclasses.replace(getattr(config, field.name))
-                                          for field in dataclasses.fields(config)
-                                          if dataclasses.is_dataclass(getattr(config, field.name))})
-
-
-def _small_resnet_options(config: Config) -> dict:
-    if config.model.name != "small_resnet":
-        return {}
-    return {"width": config.model.width, "blocks_per_stage": config.model.blocks_per_stage}
