@@ -94,6 +94,13 @@ def read_manifest(out: Path) -> dict:
     return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
 
 
+def flip(path: Path, at: int, mask: int = 0x10) -> None:
+    """One byte of the file at `path` changed in place, as a bad sector or a faulty cache would."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= mask
+    path.write_bytes(bytes(data))
+
+
 def as_converted_before_checksums(out: Path) -> None:
     """Make the webdataset conversion in `out` what the converters wrote before per-sample
     checksums: manifest version 1, no `.crc32` files, no record of them."""

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import verify_dataset
-from conftest import run_tool, versions
+from conftest import flip, run_tool, versions
 from pipeline import LoaderSpec, build_loader
 
 SHARD_MB = "0.1"        # the fashion sample's 120 train images in about five shards
@@ -32,12 +32,6 @@ def converted(source, out) -> None:
 
 def files_of(root) -> dict[str, bytes]:
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
-
-
-def flip(path, at: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[at] ^= 0x08
-    path.write_bytes(bytes(data))
 
 
 def check(capsys, *args) -> tuple[int, str, str]:

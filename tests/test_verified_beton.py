@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import verify_dataset
+from conftest import flip
 from pipeline import LoaderSpec, build_loader
 from pipeline.errors import CorruptSample, DatasetError
 from pipeline.formats.beton_checksums import BetonLayoutError, MappedFile, read_layout, sample_checksums
@@ -27,12 +28,6 @@ def beton_copy(converted_sets, tmp_path):
     copy = tmp_path / "fashion_ffcv"
     shutil.copytree(converted_sets["fashion"]["ffcv"], copy)
     return copy
-
-
-def flip(path, at: int, mask: int = 0x10) -> None:
-    data = bytearray(path.read_bytes())
-    data[at] ^= mask
-    path.write_bytes(bytes(data))
 
 
 def image_byte(beton, sample: int) -> int:

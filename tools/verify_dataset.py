@@ -172,22 +172,23 @@ def check_file(source, name: str, size, sha256, report: dict) -> bytes | None:
 
 def check_beton(source, record: dict, report: dict) -> None:
     """A split's .beton against its size and sha256, and each of its samples against its checksum."""
-    for name in record.get("files", [])[:1]:
-        beton = check_file(source, name, record.get("bytes"), record.get("sha256"), report)
-        report["samples"] += record.get("count", 0)
-        if "checksums" not in record or beton is None:
-            return
-        checksums = check_file(source, record["checksums"], record.get("checksums_bytes"),
-                               record.get("checksums_sha256"), report)
-        if checksums is None or len(checksums) != 4 * record.get("count", -1):
-            return
-        try:
-            damaged = damaged_beton_samples(beton, np.frombuffer(checksums, "<u4"), record["layout_crc32"])
-        except BetonLayoutError as error:
-            report["damaged_files"].append((f"{source.name}/{name}", str(error)))
-            return
-        report["damaged_samples"] += [(f"{source.name}/{name}: sample {number}",
-                                       FAILS_CHECKSUM) for number in damaged]
+    if not record.get("files"):
+        return
+    name = record["files"][0]
+    beton = check_file(source, name, record.get("bytes"), record.get("sha256"), report)
+    report["samples"] += record.get("count", 0)
+    if "checksums" not in record or beton is None:
+        return
+    checksums = check_file(source, record["checksums"], record.get("checksums_bytes"), record.get("checksums_sha256"),
+                           report)
+    if checksums is None or len(checksums) != 4 * record.get("count", -1):
+        return
+    try:
+        damaged = damaged_beton_samples(beton, np.frombuffer(checksums, "<u4"), record["layout_crc32"])
+    except BetonLayoutError as error:
+        report["damaged_files"].append((f"{source.name}/{name}", str(error)))
+        return
+    report["damaged_samples"] += [(f"{source.name}/{name}: sample {number}", FAILS_CHECKSUM) for number in damaged]
 
 
 def check_shard(source, split: str, shard: dict, report: dict) -> None:

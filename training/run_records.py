@@ -102,7 +102,7 @@ class RunRecords:
             self._resume_changes = {"epoch": state.epoch, "step": state.step, "resume_changes": order_changes}
 
     def _wall_seconds(self) -> float:
-        return self._wall_before + time.perf_counter() - self._session_start
+        return self._wall_before + time.perf_counter() - self._started_at
 
     def _summary(self) -> dict:
         state = self.state

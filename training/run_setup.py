@@ -197,10 +197,10 @@ class RunSetup:
         self.log = RunLog(Path(config.run_dir), self.world.is_main, config.log.progress, config.log.tensorboard)
         self.stops, self.stop = StopRequests(self.world), None
         self._resume_changes: dict | None = None     # for metrics.jsonl, once the run directory is ready
-        self._wall_before = 0.0               # wall time of earlier sessions of this run
+        self._wall_before = 0.0               # wall time of this run's earlier starts (resumed)
         self.phases = StepPhases(config.log.step_phases is True or (config.log.step_phases == "auto" and not on_cuda),
                                  sync=torch.cuda.synchronize if on_cuda else None)
-        self._session_start = time.perf_counter()
+        self._started_at = time.perf_counter()
 
 
 def _with_own_sections(config: Config) -> Config:

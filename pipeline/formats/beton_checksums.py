@@ -8,8 +8,8 @@ every byte FFCV reads for that sample. The rest of the file's layout (header, fi
 allocation table) has one CRC-32 of its own (`layout_crc32` in the manifest), since a damaged table
 would send every lookup astray. The file is parsed from a buffer (a memory map, or bytes fetched from
 a URL) with FFCV's own record types, so nothing here opens FFCV's reader. CRC-32 as zlib computes it,
-the webdataset checksum's function (pipeline/convert/wds.py says why); zlib releases the GIL on
-large buffers, so threads check samples side by side.
+the webdataset checksum's function (docs/loaders.md says why); zlib drops the GIL on large
+buffers, so threads check samples side by side.
 """
 from __future__ import annotations
 
