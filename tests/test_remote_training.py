@@ -18,7 +18,7 @@ from benchmarks.loopback_servers import Nginx, free_port
 from conftest import fill
 from runs import MAIN, RECIPE, ROOT, assert_ends_alike, main_py, tiny_run, wait_until
 
-EPOCHS, STEPS_PER_EPOCH = 4, 15          # the fashion sample's 120 train images, batch 8, one process
+EPOCHS, STEPS_PER_EPOCH = 3, 15          # the fashion sample's 120 train images, batch 8, one process
 # Nothing kept on disk, and a fetch per sample: blocks are fetched throughout, so the outage is met
 # whenever it starts.
 OUTAGE_RUN = [f"max_duration={EPOCHS}ep", "deterministic=true", "checkpoint.interval=5ba", "checkpoint.keep=3",

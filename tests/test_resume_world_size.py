@@ -59,7 +59,7 @@ def trained_steps(run_dir: Path, resumed_at: int, before: int) -> dict:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("before, after", [(2, 3), (4, 1)])
+@pytest.mark.parametrize("before, after", [(2, 3), (3, 1)])
 def test_stopped_mid_epoch_and_resumed_on_another_world_size(before, after, own_class_sets, tmp_path):
     data, run_dir = own_class_sets["webdataset"], tmp_path / "run"
     resumed_at = stopped_then_resumed(data, run_dir, before, after)

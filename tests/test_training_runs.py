@@ -112,7 +112,7 @@ def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(sample_sets, straight_
     assert steps == sorted(set(steps)), "metrics lines repeated after the resume"
 
 
-def test_resume_skips_a_truncated_checkpoint_and_a_finished_run_stays_finished(tmp_path):
+def test_resume_skips_a_truncated_checkpoint_and_a_finished_run_stays_finished(tmp_path, capsys):
     run_dir = tmp_path / "run"
     overrides = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=16",
                  "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
@@ -129,5 +129,5 @@ def test_resume_skips_a_truncated_checkpoint_and_a_finished_run_stays_finished(t
     assert "ep1-ba4.pt" in longer.stdout and "max_duration" in longer.stdout     # the changed key is named
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 12
 
-    never = main_py("--config", RECIPE, *overrides, "resume=never")
-    assert never.returncode == 2 and "already has checkpoints" in never.stderr
+    code, stderr = main_in_process(capsys, "--config", RECIPE, *overrides, "resume=never")   # met building the run
+    assert code == 2 and "already has checkpoints" in stderr
