@@ -52,9 +52,10 @@ def torchrun_2(data, run_dir: Path, common: list[str], *launcher_flags: str) -> 
 
 
 # A deterministic 6-epoch run of 7 steps an epoch whose checkpoints, every 5 steps, all fall
-# mid-epoch (up to the last at step 42): what the kill-and-resume tests stop and restart.
+# mid-epoch (up to the last at step 42), with a metrics line every step: what the kill-, signal- and
+# resume tests stop and restart, all compared with one run never stopped (conftest's straight_run).
 MID_EPOCH_CHECKPOINTS = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=5ba", "checkpoint.keep=3",
-                         "data.scale=[0.35,1]"]
+                         "data.scale=[0.35,1]", "log.interval=1"]
 
 
 def reference_run(data, run_dir: Path, common: list[str]) -> None:

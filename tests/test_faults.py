@@ -59,9 +59,7 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 def test_a_signal_to_torchrun_checkpoints_the_step_the_ranks_stop_at_and_resume_is_bitwise_equal(
         stop_signal, flags, then_resume, sample_sets, straight_run, tmp_path):
     data = sample_sets / "fashion"
-    common = ["max_duration=6ep", "deterministic=true", "checkpoint.interval=3ep", "data.scale=[0.35,1]",
-              "log.interval=1"]
-    stopped = tmp_path / "stopped"
+    common, stopped = MID_EPOCH_CHECKPOINTS, tmp_path / "stopped"
 
     command = torchrun_2(data, stopped, common, *flags)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
