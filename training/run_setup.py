@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -34,17 +33,6 @@ from training.step_stream import StepStream
 from training.stop_requests import StopRequests
 
 log = logging.getLogger("training")
-
-
-def use_deterministic_algorithms(mode: bool, *, compiled: bool) -> None:
-    """torch.use_deterministic_algorithms, without its import of torch._inductor (1.2 s of each rank's
-    start on a 2-core EPYC) where nothing compiles: the call imports it only to set inductor's own flag,
-    which only torch.compile reads."""
-    set_mode = getattr(torch._C, "_set_deterministic_algorithms", None)
-    if compiled or set_mode is None or "torch._inductor.config" in sys.modules:
-        torch.use_deterministic_algorithms(mode)
-    else:
-        set_mode(mode, warn_only=False)
 
 
 class RunSetup:
@@ -99,7 +87,8 @@ class RunSetup:
             # it torch's deterministic mode raises at the first matmul
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if deterministic or torch.are_deterministic_algorithms_enabled():
-            use_deterministic_algorithms(deterministic, compiled=self.config.compile)
+            # only where it changes something: the call imports torch._inductor, seconds of every rank's start
+            torch.use_deterministic_algorithms(deterministic)
         torch.backends.cudnn.benchmark = not deterministic
 
     def _build_loaders(self, algorithms: list) -> tuple:
