@@ -87,7 +87,7 @@ class RunSetup:
             # it torch's deterministic mode raises at the first matmul
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if deterministic or torch.are_deterministic_algorithms_enabled():
-            # only where it changes something: the call imports torch._inductor, 0.3-0.4 s of a rank's start
+            # only where it changes something: the call also imports torch._inductor, at every rank's start
             torch.use_deterministic_algorithms(deterministic)
         torch.backends.cudnn.benchmark = not deterministic
 
