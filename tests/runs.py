@@ -3,6 +3,7 @@ torchrun launches, and killing a process tree the way a node failure does."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -33,12 +34,34 @@ def main_py(*args, timeout=120) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=ROOT)
 
 
-def main_in_process(capsys, *args) -> tuple[int, str]:
-    """training/main.py's `main` called in this process, for what needs no process of its own (a
-    config or dataset error, met before any rank starts training): its exit code and stderr."""
+def main_here(capsys, *args) -> subprocess.CompletedProcess:
+    """training/main.py's `main` called in this process, for what needs no process of its own: a
+    config or dataset error, met before any rank starts training, or a one-process run that ends
+    normally (no signal, no kill, no fault: those end the process they meet). Its exit code and
+    output, as main_py gives them."""
     from training.main import main
-    code = main([str(arg) for arg in args])
-    return code, capsys.readouterr().err
+    arguments = [str(arg) for arg in args]
+    # main's logging.basicConfig does nothing under pytest, whose handlers the root logger has:
+    # the warnings go to stderr here as they would there
+    root, to_stderr = logging.getLogger(), logging.StreamHandler(sys.stderr)
+    to_stderr.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    level, deterministic = root.level, torch.are_deterministic_algorithms_enabled()
+    root.addHandler(to_stderr)
+    root.setLevel(logging.INFO)
+    try:
+        code = main(arguments)
+    finally:
+        root.removeHandler(to_stderr)
+        root.setLevel(level)
+        torch.use_deterministic_algorithms(deterministic)      # a run's setting, not the next test's
+    output = capsys.readouterr()
+    return subprocess.CompletedProcess([str(MAIN), *arguments], code, output.out, output.err)
+
+
+def main_in_process(capsys, *args) -> tuple[int, str]:
+    """main_here's exit code and stderr."""
+    result = main_here(capsys, *args)
+    return result.returncode, result.stderr
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import fill, run_tool
-from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, assert_ends_alike, children, main_in_process, rank_of,
-                  read_jsonl, tiny_run, torchrun_2, wait_until)
+from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, assert_ends_alike, children, main_here, main_in_process,
+                  rank_of, read_jsonl, tiny_run, torchrun_2, wait_until)
 
 SYNTHETIC = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=8",
              "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
@@ -174,12 +174,12 @@ def test_a_run_dir_that_cannot_be_written_is_one_line_and_exit_2(place, tmpfs, t
     assert f"run_dir {run_dir}" in line and cause in line
 
 
-def test_a_disk_that_fills_mid_run_is_one_line_exit_1_earlier_checkpoints_intact_then_resumes(tmpfs):
+def test_a_disk_that_fills_mid_run_is_one_line_exit_1_earlier_checkpoints_intact_then_resumes(tmpfs, capsys):
     disk = tmpfs("disk", "640k")
     run_dir = disk / "run"
-    command = [sys.executable, str(MAIN), "--config", str(RECIPE), *SYNTHETIC, "max_duration=6ep",
-               "checkpoint.interval=2ba", "checkpoint.keep=1000", "deterministic=true", f"run_dir={run_dir}"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    arguments = ["--config", RECIPE, *SYNTHETIC, "max_duration=6ep", "checkpoint.interval=2ba", "checkpoint.keep=1000",
+                 "deterministic=true", f"run_dir={run_dir}"]
+    result = main_here(capsys, *arguments)             # a full disk ends the run, not its process
     assert result.returncode == 1, result.stderr[-3000:]
     line = one_error_line(result.stderr)
     assert re.search(rf"cannot write {re.escape(str(run_dir))}\S* \(No space left on device\)", line), line
@@ -191,7 +191,7 @@ def test_a_disk_that_fills_mid_run_is_one_line_exit_1_earlier_checkpoints_intact
     read_jsonl(run_dir / "metrics.jsonl")                # no torn line
 
     subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)   # the user frees space
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    resumed = main_here(capsys, *arguments)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"-ba{saved[-1]}.pt: " in resumed.stdout
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 6

@@ -8,7 +8,7 @@ import subprocess
 
 import torch
 
-from runs import MAIN, RECIPE, ROOT, TORCHRUN, main_py, read_jsonl, tiny_run
+from runs import MAIN, RECIPE, ROOT, TORCHRUN, main_here, read_jsonl, tiny_run
 from algorithms.stochastic_depth import stochastic_depth_model
 from training.models import build_model
 from training.precision import NOISE, probe_cpu_precision
@@ -53,15 +53,15 @@ def test_auto_on_two_ranks_trains_as_the_precision_it_picked(converted_sets, tmp
     assert auto["last_val_top1"] == given["last_val_top1"]
 
 
-def test_a_resumed_auto_run_keeps_its_checkpoints_precision(tmp_path):
+def test_a_resumed_auto_run_keeps_its_checkpoints_precision(tmp_path, capsys):
     overrides = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=16",
                  "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
                  "log.progress=false", "log.tensorboard=false", "checkpoint.interval=1ep"]
     for precision in ("fp32", "bf16"):               # whichever this machine would measure faster
-        first = main_py("--config", RECIPE, *overrides, f"run_dir={tmp_path / precision}", "max_duration=1ep",
+        first = main_here(capsys, "--config", RECIPE, *overrides, f"run_dir={tmp_path / precision}", "max_duration=1ep",
                         f"precision={precision}")
         assert first.returncode == 0, first.stderr[-3000:]
-        longer = main_py("--config", RECIPE, *overrides, f"run_dir={tmp_path / precision}", "max_duration=2ep",
+        longer = main_here(capsys, "--config", RECIPE, *overrides, f"run_dir={tmp_path / precision}", "max_duration=2ep",
                          "precision=auto")
         assert longer.returncode == 0, longer.stderr[-3000:]
         assert f"precision auto: {precision} (as trained before, by checkpoint ep1-ba4.pt)" in longer.stdout
@@ -72,11 +72,11 @@ def test_a_resumed_auto_run_keeps_its_checkpoints_precision(tmp_path):
         assert summary["precision"] == precision and summary["steps"] == 8
 
 
-def test_auto_measures_at_the_first_side_of_a_resolution_schedule(tmp_path):
+def test_auto_measures_at_the_first_side_of_a_resolution_schedule(tmp_path, capsys):
     """A recipe whose data.resolution is a schedule (a mapping, not a side) probes at the size the
     loader starts with."""
     ramp = "data.resolution={form: ffcv, min_res: 16, max_res: 24, start_ramp: 0, end_ramp: 1, multiple: 8}"
-    run = main_py("--config", RECIPE, "data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64",
+    run = main_here(capsys, "--config", RECIPE, "data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64",
                   "data.batch_size=16", ramp, "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
                   "log.progress=false", "log.tensorboard=false", f"run_dir={tmp_path}", "max_duration=1ep",
                   "precision=auto")

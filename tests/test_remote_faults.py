@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loopback_servers import Nginx
-from runs import RECIPE, main_py, tiny_run
+from runs import RECIPE, main_here, tiny_run
 
 
 def served_copy(conversion, root, under: str = ""):
@@ -26,7 +26,7 @@ def served_copy(conversion, root, under: str = ""):
 @pytest.mark.timeout(120)      # with the conversions made first, when run alone
 @pytest.mark.parametrize("problem", ["refused (403)", "a shard index missing"])
 def test_a_server_refusing_or_missing_a_file_while_the_run_is_built_is_one_line_and_exit_2(
-        converted_sets, tmp_path, problem):
+        converted_sets, tmp_path, problem, capsys):
     local = converted_sets["fashion"]["webdataset"]
     if problem == "refused (403)":
         copy = served_copy(local, tmp_path / "served", "denied")      # nginx's `deny all;` location
@@ -39,7 +39,7 @@ def test_a_server_refusing_or_missing_a_file_while_the_run_is_built_is_one_line_
     path = copy.relative_to(tmp_path / "served").as_posix()
     run_dir = tmp_path / "run"
     try:
-        result = main_py("--config", RECIPE, *tiny_run(f"http://alice:hunter2@127.0.0.1:{server.port}/{path}",
+        result = main_here(capsys, "--config", RECIPE, *tiny_run(f"http://alice:hunter2@127.0.0.1:{server.port}/{path}",
                                                       "webdataset", run_dir, "max_duration=1ep",
                                                       f"data.cache_dir={tmp_path / 'cache'}"))
     finally:

@@ -16,7 +16,7 @@ import torch
 
 from benchmarks.loopback_servers import Nginx, free_port
 from conftest import fill
-from runs import MAIN, RECIPE, ROOT, assert_ends_alike, main_py, tiny_run, wait_until
+from runs import MAIN, RECIPE, ROOT, assert_ends_alike, main_here, main_py, tiny_run, wait_until
 
 EPOCHS, STEPS_PER_EPOCH = 3, 15          # the fashion sample's 120 train images, batch 8, one process
 # Nothing kept on disk, and a fetch per sample: blocks are fetched throughout, so the outage is met
@@ -74,14 +74,14 @@ def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupt
 
 
 @pytest.mark.parametrize("problem", ["connection refused", "no manifest", "credentials in the URL"])
-def test_a_bad_url_is_one_line_and_exit_2_before_training(converted_sets, tmp_path, problem):
+def test_a_bad_url_is_one_line_and_exit_2_before_training(converted_sets, tmp_path, problem, capsys):
     local = converted_sets["fashion"]["webdataset"]
     server = Nginx(local.parent, tmp_path / "nginx")
     url = {"connection refused": f"http://127.0.0.1:{free_port()}/{local.name}",
            "no manifest": f"{server.url}/no-such-dataset",
            "credentials in the URL": f"http://alice:hunter2@127.0.0.1:{server.port}/no-such-dataset"}[problem]
     try:
-        result = main_py("--config", RECIPE, *tiny_run(url, "webdataset", tmp_path / "run", "max_duration=1ep"))
+        result = main_here(capsys, "--config", RECIPE, *tiny_run(url, "webdataset", tmp_path / "run", "max_duration=1ep"))
     finally:
         server.stop()
     assert result.returncode == 2, result.stderr[-3000:]
@@ -105,7 +105,7 @@ def test_a_server_without_range_requests_is_one_line_and_exit_2_before_training(
     local = converted_sets["fashion"]["webdataset"]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(local.parent)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    try:                # a process of its own: this one's stderr gets the server thread's tracebacks
         result = main_py("--config", RECIPE, *tiny_run(f"http://127.0.0.1:{server.server_address[1]}/{local.name}",
                                                         "webdataset", tmp_path / "run", "max_duration=1ep"))
     finally:
@@ -118,13 +118,13 @@ def test_a_server_without_range_requests_is_one_line_and_exit_2_before_training(
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_a_cache_disk_without_room_is_one_line_and_exit_2_before_training(converted_sets, tmp_path, tmpfs):
+def test_a_cache_disk_without_room_is_one_line_and_exit_2_before_training(converted_sets, tmp_path, tmpfs, capsys):
     local = converted_sets["fashion"]["webdataset"]
     disk = tmpfs("disk", "1m")
     fill(disk)
     server = Nginx(local.parent, tmp_path / "nginx")
     try:
-        result = main_py("--config", RECIPE, *tiny_run(f"{server.url}/{local.name}", "webdataset", tmp_path / "run",
+        result = main_here(capsys, "--config", RECIPE, *tiny_run(f"{server.url}/{local.name}", "webdataset", tmp_path / "run",
                                                         "max_duration=1ep", f"data.cache_dir={disk / 'cache'}"))
     finally:
         server.stop()

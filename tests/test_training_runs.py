@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from runs import (MAIN, MID_EPOCH_CHECKPOINTS, RECIPE, ROOT, TORCHRUN, assert_ends_alike, flip_a_tensor_byte, free_port,
-                  kill_tree, main_in_process, main_py, read_jsonl, tiny_run, torchrun_2, wait_until)
+                  kill_tree, main_here, main_in_process, read_jsonl, tiny_run, torchrun_2, wait_until)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -117,13 +117,13 @@ def test_resume_skips_a_truncated_checkpoint_and_a_finished_run_stays_finished(t
     overrides = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=16",
                  "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
                  "log.progress=false", f"run_dir={run_dir}", "checkpoint.interval=1ep"]
-    first = main_py("--config", RECIPE, *overrides, "max_duration=2ep")
+    first = main_here(capsys, "--config", RECIPE, *overrides, "max_duration=2ep")
     assert first.returncode == 0, first.stderr[-3000:]
-    again = main_py("--config", RECIPE, *overrides, "max_duration=2ep")
+    again = main_here(capsys, "--config", RECIPE, *overrides, "max_duration=2ep")
     assert "resumed from" in again.stdout and "ep2-ba8.pt" in again.stdout and "epoch 1/2:" not in again.stdout
 
     flip_a_tensor_byte(run_dir / "checkpoints" / "ep2-ba8.pt")   # it loads; its checksum tells
-    longer = main_py("--config", RECIPE, *overrides, "max_duration=3ep")
+    longer = main_here(capsys, "--config", RECIPE, *overrides, "max_duration=3ep")
     assert longer.returncode == 0, longer.stderr[-3000:]
     assert "ep2-ba8.pt does not load (its contents fail the sha256" in longer.stderr and "resumed from" in longer.stdout
     assert "ep1-ba4.pt" in longer.stdout and "max_duration" in longer.stdout     # the changed key is named

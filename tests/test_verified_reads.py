@@ -83,10 +83,10 @@ def test_a_dataset_converted_before_checksums_reads_unchecked_and_says_so_once(c
     assert len(said) == 1 and said[0].startswith(f"{copy}: converted before") and "convert_wds.py" in said[0]
 
 
-def test_a_run_counts_and_names_what_it_skipped_or_stops_in_one_line(converted_sets, tmp_path):
-    from runs import RECIPE, main_py, read_jsonl, tiny_run
+def test_a_run_counts_and_names_what_it_skipped_or_stops_in_one_line(converted_sets, tmp_path, capsys):
+    from runs import RECIPE, main_here, main_py, read_jsonl, tiny_run
     path, name, _ = damaged_copy(converted_sets, tmp_path, "image")
-    skipping = main_py("--config", RECIPE, *tiny_run(path, "webdataset", tmp_path / "run", "max_duration=1ep",
+    skipping = main_here(capsys, "--config", RECIPE, *tiny_run(path, "webdataset", tmp_path / "run", "max_duration=1ep",
                                                      "log.interval=5"))
     assert skipping.returncode == 0, skipping.stderr[-3000:]
     assert f"skipped {name}: its bytes fail the checksum recorded at conversion" in skipping.stderr
@@ -95,6 +95,7 @@ def test_a_run_counts_and_names_what_it_skipped_or_stops_in_one_line(converted_s
     counted = [line["damaged_samples_skipped"] for line in read_jsonl(tmp_path / "run" / "metrics.jsonl")
                if "damaged_samples_skipped" in line]
     assert counted and counted[-1] == 1
+    # a process of its own: the rank that meets the damaged sample ends its process
     stopping = main_py("--config", RECIPE, *tiny_run(path, "webdataset", tmp_path / "strict", "max_duration=1ep",
                                                      "data.on_corrupt=raise"))
     [line] = stopping.stderr.strip().splitlines()[-1:]
