@@ -28,44 +28,51 @@ def launch(world_size: int, data: Path, run_dir: Path, *extra: str) -> list[str]
             *tiny_run(data, "webdataset", run_dir, *COMMON, *extra)]
 
 
-def stopped_then_resumed(data: Path, run_dir: Path, before: int, after: int) -> int:
-    """A run on `before` processes whose newest checkpoint is mid-way through its second epoch,
-    as a job preempted there leaves it, then resumed on `after`; returns the step it resumed at.
-    (The first part runs to its end and loses what came after that checkpoint, so the stop is at
-    the same step on a loaded machine; tests/test_training_runs.py stops a run with SIGKILL.)"""
-    first = subprocess.run(launch(before, data, run_dir), capture_output=True, text=True, timeout=240, cwd=ROOT)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    stop = run_dir / "checkpoints" / f"ep1-ba{STEPS_PER_EPOCH + 2}.pt"
+def run_to_the_end(world_size: int, data: Path, run_dir: Path) -> str:
+    result = subprocess.run(launch(world_size, data, run_dir), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def stop_at(run_dir: Path, step: int) -> None:
+    """Leave the run as a job preempted just after its checkpoint at `step` leaves it: what came
+    after that checkpoint is lost. (Each part runs to its end first, so the stop is at the same step
+    on a loaded machine; tests/test_training_runs.py stops a run with SIGKILL.)"""
+    stop = run_dir / "checkpoints" / f"ep{step // STEPS_PER_EPOCH}-ba{step}.pt"
     for later in (path for path in (run_dir / "checkpoints").iterdir() if path.stat().st_mtime > stop.stat().st_mtime):
         later.unlink()
     (run_dir / "summary.json").unlink()
-    resumed = subprocess.run(launch(after, data, run_dir), capture_output=True, text=True, timeout=240, cwd=ROOT)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert f"on {after} process{'es' if after > 1 else ''} where it had {before}" in resumed.stdout
-    return int(re.search(r"resumed from \S+-ba(\d+)\.pt", resumed.stdout)[1])
 
 
-def trained_steps(run_dir: Path, resumed_at: int, before: int) -> dict:
+def trained_steps(run_dir: Path, parts: list[tuple[int, int]]) -> dict:
     """(epoch, step in epoch) -> sorted labels over all ranks, each step from the part of the run
-    that kept it: the first (on `before` processes) up to the checkpoint resumed from, then the
-    resumed one (what the first trained past that checkpoint was lost with it)."""
+    that kept it. parts: (world size, first step) of each, in order; what a part trained past the
+    checkpoint the next resumed from was lost with it."""
     steps = defaultdict(list)
     for path in run_dir.glob("labels-rank*.jsonl"):
         for line in read_jsonl(path):
-            first_part = line["epoch"] * STEPS_PER_EPOCH + line["batch"] < resumed_at
-            if first_part == (line["world_size"] == before):
+            step = line["epoch"] * STEPS_PER_EPOCH + line["batch"]
+            kept_by = [size for size, first in parts if first <= step][-1]
+            if line["world_size"] == kept_by:
                 steps[(line["epoch"], line["batch"])] += line["labels"]
     return {step: sorted(labels) for step, labels in steps.items()}
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("before, after", [(2, 3), (3, 1)])
-def test_stopped_mid_epoch_and_resumed_on_another_world_size(before, after, own_class_sets, tmp_path):
+def test_stopped_mid_epoch_and_resumed_on_more_processes_then_on_fewer(own_class_sets, tmp_path):
+    """2 processes, stopped mid-epoch and resumed on 3, stopped again and resumed on 1: every
+    global step trains on the samples of an uninterrupted run's."""
     data, run_dir = own_class_sets["webdataset"], tmp_path / "run"
-    resumed_at = stopped_then_resumed(data, run_dir, before, after)
-    assert resumed_at % STEPS_PER_EPOCH, "the checkpoint resumed from is not mid-epoch"
+    # resumed at steps 12 and 15 of 20, both mid-epoch; a checkpoint every 3 steps
+    parts = [(2, 0), (3, STEPS_PER_EPOCH + 2), (1, STEPS_PER_EPOCH + 5)]
+    run_to_the_end(2, data, run_dir)
+    for (before, _), (after, step) in zip(parts, parts[1:]):
+        stop_at(run_dir, step)
+        stdout = run_to_the_end(after, data, run_dir)
+        assert f"on {after} process{'es' if after > 1 else ''} where it had {before}" in stdout
+        assert int(re.search(r"resumed from \S+-ba(\d+)\.pt", stdout)[1]) == step
 
-    steps = trained_steps(run_dir, resumed_at, before)
+    steps = trained_steps(run_dir, parts)
     expected = {(epoch, batch): labels for epoch in (0, 1)
                 for batch, labels in enumerate(global_steps("webdataset", data, 1, epoch=epoch))}
     assert steps == expected                        # every step of both epochs, each the uninterrupted run's
@@ -73,9 +80,9 @@ def test_stopped_mid_epoch_and_resumed_on_another_world_size(before, after, own_
         seen = sum((steps[(epoch, batch)] for batch in range(STEPS_PER_EPOCH)), [])
         assert sorted(seen) == list(range(120))     # each sample of the epoch once
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 2 * STEPS_PER_EPOCH and summary["world_size"] == after
+    assert summary["steps"] == 2 * STEPS_PER_EPOCH and summary["world_size"] == 1
     lines = [line["step"] for line in read_jsonl(run_dir / "metrics.jsonl") if "train_loss" in line]
-    assert lines == list(range(1, 2 * STEPS_PER_EPOCH + 1))      # each step's line once, across the resume
+    assert lines == list(range(1, 2 * STEPS_PER_EPOCH + 1))      # each step's line once, across both resumes
 
 
 @pytest.mark.timeout(300)
