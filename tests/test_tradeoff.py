@@ -18,8 +18,8 @@ from conftest import TOOLS
 from training.typed_config import load_recipe
 
 # The small ResNet at width 4 on the fashion sample's 120 training images: 4 steps an epoch on
-# each of 2 ranks. These runs are also test_recipes.py's for the two recipes (SWEPT_RECIPES).
-SWEPT_RECIPES = ("fashion_baseline", "fashion_mild")
+# each of 2 ranks. These 2-epoch runs are also test_recipes.py's for these recipes (SWEPT_RECIPES).
+SWEPT_RECIPES = ("fashion_baseline", "fashion_mild", "fashion_medium")
 TINY = ["data.backend=folder", "data.batch_size=16", "data.num_workers=0", "model.width=4",
         "model.blocks_per_stage=1", "log.tensorboard=false", "checkpoint.interval=2ba"]
 
@@ -27,7 +27,7 @@ TINY = ["data.backend=folder", "data.batch_size=16", "data.num_workers=0", "mode
 def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_sets, tmp_path):
     out = tmp_path / "sweep"
     command = [sys.executable, str(TOOLS / "tradeoff.py"), "--recipes", ",".join(SWEPT_RECIPES),
-               "--durations", "2ep,1ep", "--nproc", "2", "--out", str(out),
+               "--durations", "2ep", "--nproc", "2", "--out", str(out),
                f"data.path={sample_sets / 'fashion'}", *TINY]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
@@ -36,29 +36,28 @@ def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)             # the sweep and whatever it runs by now
     first.wait()
-    second_point = out / "runs" / "fashion_mild-1ep-s0" / "checkpoints"
+    second_point = out / "runs" / "fashion_mild-2ep-s0" / "checkpoints"
     second_was_under_way = second_point.is_dir() and any(second_point.iterdir())
     done_first = [json.loads(p.read_text()) for p in (out / "points").glob("*.json")]
     assert [(row["recipe"], row["duration"], row["error"]) for row in done_first] == \
-        [("fashion_baseline", "1ep", None)], "shortest first, the first recipe first"
-    finished_summary = out / "runs" / "fashion_baseline-1ep-s0" / "summary.json"
+        [("fashion_baseline", "2ep", None)], "the first recipe first"
+    finished_summary = out / "runs" / "fashion_baseline-2ep-s0" / "summary.json"
     stamp = finished_summary.stat().st_mtime_ns
 
     second = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "4 points, 1 already finished, 3 to run" in second.stdout
+    assert "3 points, 1 already finished, 2 to run" in second.stdout
     assert finished_summary.stat().st_mtime_ns == stamp
-    assert "fashion_baseline 1ep" not in second.stdout
+    assert "fashion_baseline 2ep" not in second.stdout
     progress = [line for line in second.stdout.splitlines() if line.startswith("[")]
-    assert len(progress) == 3 and "min left" in progress[0], second.stdout
+    assert len(progress) == 2 and "min left" in progress[0], second.stdout
 
     rows = [json.loads(line) for line in (out / "points.jsonl").read_text().splitlines()]
-    assert sorted((r["recipe"], r["duration"]) for r in rows) == [
-        ("fashion_baseline", "1ep"), ("fashion_baseline", "2ep"), ("fashion_mild", "1ep"), ("fashion_mild", "2ep")]
+    assert sorted((r["recipe"], r["duration"]) for r in rows) == [(recipe, "2ep") for recipe in sorted(SWEPT_RECIPES)]
     for row in rows:
         assert row["error"] is None and row["seed"] == 0 and row["world_size"] == 2
         assert 0 <= row["val_top1"] <= 100 and row["train_wall_s"] > 0
-        assert row["resumed"] == (second_was_under_way and row["recipe"] == "fashion_mild" and row["duration"] == "1ep")
+        assert row["resumed"] == (second_was_under_way and row["recipe"] == "fashion_mild")
         if not row["resumed"]:
             assert row["train_wall_s"] < row["command_wall_s"]
         assert row["hardware"]["cpu_model"] and row["commit"] and row["train_img_per_s"] > 0
@@ -81,6 +80,14 @@ def test_a_killed_sweep_continues_without_running_a_finished_point_again(sample_
 
     other = subprocess.run([*command[:-1], "data.batch_size=32"], capture_output=True, text=True, timeout=120)
     assert other.returncode == 2 and other.stderr.count("\n") == 1 and "belongs to another sweep" in other.stderr
+
+
+def test_the_plan_runs_the_shortest_points_first_and_the_seeds_in_turn():
+    recipes = [("a", None), ("b", None)]
+    order = [(p.recipe, p.duration, p.seed) for p in tradeoff.plan(recipes, ["2ep", "1ep", "10ba"], [0, 1])]
+    assert order[:6] == [("a", "10ba", 0), ("b", "10ba", 0), ("a", "1ep", 0), ("b", "1ep", 0), ("a", "2ep", 0),
+                         ("b", "2ep", 0)]
+    assert order[6:] == [(recipe, duration, 1) for recipe, duration, _ in order[:6]]
 
 
 def point(recipe, duration, seconds, top1, seed=0):
