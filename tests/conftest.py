@@ -69,6 +69,15 @@ def run_tool(script: str, *args, check: bool = False, timeout: float = 600) -> s
     return result
 
 
+def run_tool_here(capsys, script: str, *args) -> subprocess.CompletedProcess:
+    """run_tool's answer from the tool's `main` called in this process (pytest's `capsys` holds its
+    output), for a run that needs no process of its own: no signal, no kill, no exit from inside."""
+    import importlib
+    code = importlib.import_module(Path(script).stem).main([str(arg) for arg in args])
+    output = capsys.readouterr()
+    return subprocess.CompletedProcess([script, *map(str, args)], code, output.out, output.err)
+
+
 def run_tool_without(modules: tuple[str, ...], script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:
     """run_tool with `modules` unimportable (None in sys.modules makes `import` raise ImportError), as on
     a machine without them: a GPU image without matplotlib, a node where DALI is not installed yet."""

@@ -1,6 +1,6 @@
 """`tools/diagnose.py` as users run it: the three figures, the verdict by its documented rule,
 the JSON beside the printed report, verdicts forced both ways by honest config changes, and
-config errors. Tiny settings: each run is a few seconds on 2 cores."""
+config errors. Tiny settings: each run is a few seconds on 2 cores, in the test's process."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import os
 import re
 
 import pytest
-from conftest import ROOT, run_tool
+from conftest import ROOT, run_tool_here
 
 RECIPE = ROOT / "algorithms" / "recipes" / "fashion_baseline.yaml"
 VERDICTS = ("DATA-BOUND", "BALANCED", "MODEL-BOUND")
@@ -24,12 +24,18 @@ def tiny(path, *extra) -> list[str]:
 def one_torch_thread(monkeypatch):
     """The model on one thread, as torchrun runs each rank: on a shared 2-core machine, two
     threads beside a busy loader worker (or other jobs) slow tiny steps down 30-fold, which
-    would make the forced verdicts below depend on the machine's load."""
+    would make the forced verdicts below depend on the machine's load. The tool runs in this
+    process (run_tool_here): it needs none of its own."""
+    import torch
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
-def diagnose(*args, json_path) -> tuple[str, dict]:
-    result = run_tool("diagnose.py", "--config", RECIPE, *args, "--json", json_path, timeout=120)
+def diagnose(capsys, *args, json_path) -> tuple[str, dict]:
+    result = run_tool_here(capsys, "diagnose.py", "--config", RECIPE, *args, "--json", json_path)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout, json.loads(json_path.read_text())
 
@@ -53,9 +59,9 @@ def documented_rule(loader: float, model: float, wait_share: float) -> str:
     return "BALANCED" if ratio <= 1.1 else "MODEL-BOUND"
 
 
-def test_fashion_recipe_report_verdict_and_json(sample_sets, tmp_path):
+def test_fashion_recipe_report_verdict_and_json(sample_sets, tmp_path, capsys):
     """Not run alone: whatever the load, the verdict must follow the documented rule from the figures shown."""
-    stdout, saved = diagnose(*tiny(sample_sets / "fashion"), "--steps", "10", "--warmup", "2",
+    stdout, saved = diagnose(capsys, *tiny(sample_sets / "fashion"), "--steps", "10", "--warmup", "2",
                              json_path=tmp_path / "out.json")
     shown = printed(stdout)
     assert "one rank's view" in stdout and "algorithms applied as in training: none in the recipe" in stdout
@@ -76,9 +82,9 @@ def test_fashion_recipe_report_verdict_and_json(sample_sets, tmp_path):
 
 
 @pytest.mark.alone
-def test_heavy_decode_and_tiny_model_is_data_bound(sample_sets, tmp_path):
+def test_heavy_decode_and_tiny_model_is_data_bound(sample_sets, tmp_path, capsys):
     """400x350 px photos, fully decoded by one worker, feeding a 4-channel ResNet at 16 px."""
-    stdout, saved = diagnose(*tiny(sample_sets / "photos", "data.resolution=16"), *SHORT,
+    stdout, saved = diagnose(capsys, *tiny(sample_sets / "photos", "data.resolution=16"), *SHORT,
                              json_path=tmp_path / "out.json")
     assert saved["verdict"] == "DATA-BOUND" and saved["loader_img_per_s"] < 0.9 * saved["model_img_per_s"], stdout
     assert "verdict: DATA-BOUND. The loader delivers" in stdout
@@ -87,11 +93,11 @@ def test_heavy_decode_and_tiny_model_is_data_bound(sample_sets, tmp_path):
 
 
 @pytest.mark.alone
-def test_resnet18_on_small_jpegs_is_model_bound(sample_sets, tmp_path):
+def test_resnet18_on_small_jpegs_is_model_bound(sample_sets, tmp_path, capsys):
     """28 px JPEGs decode in a fraction of a millisecond; an ImageNet ResNet-18 at 32 px needs
     about 10 ms per image on one thread (about 20x slower than the loader here). 20 timed
     steps, not 6: one 120 ms stall of this shared machine in 6 steps read as 11% waiting."""
-    stdout, saved = diagnose(*tiny(sample_sets / "fashion", "model.name=resnet18", "data.resolution=32",
+    stdout, saved = diagnose(capsys, *tiny(sample_sets / "fashion", "model.name=resnet18", "data.resolution=32",
                                    "data.batch_size=8"),
                              "--steps", "20", "--warmup", "3", json_path=tmp_path / "out.json")
     assert saved["verdict"] == "MODEL-BOUND" and saved["loader_img_per_s"] > 1.1 * saved["model_img_per_s"], stdout
@@ -103,9 +109,9 @@ def test_resnet18_on_small_jpegs_is_model_bound(sample_sets, tmp_path):
     assert any(tip.startswith("data.batch_size=16") for tip in saved["suggestions"]), stdout
 
 
-def test_free_running_figures_are_measured_printed_and_saved(sample_sets, tmp_path):
+def test_free_running_figures_are_measured_printed_and_saved(sample_sets, tmp_path, capsys):
     """Without a sync per step (on CUDA always, here by the flag): the rate training runs at."""
-    stdout, saved = diagnose(*tiny(sample_sets / "fashion"), *SHORT, "--free-running", json_path=tmp_path / "a.json")
+    stdout, saved = diagnose(capsys, *tiny(sample_sets / "fashion"), *SHORT, "--free-running", json_path=tmp_path / "a.json")
     free = saved["free_running"]
     assert set(free) == {"model_img_per_s", "together_img_per_s"} and min(free.values()) > 0
     line = re.search(r"^as training runs \(no sync per step\): model alone ([\d,]+) img/s, together ([\d,]+) "
@@ -114,16 +120,16 @@ def test_free_running_figures_are_measured_printed_and_saved(sample_sets, tmp_pa
     assert [int(line[1].replace(",", "")), int(line[2].replace(",", ""))] == \
         [round(free["model_img_per_s"]), round(free["together_img_per_s"])]
     assert int(line[3]) == round(100 * free["together_img_per_s"] / free["model_img_per_s"])
-    stdout, without = diagnose(*tiny(sample_sets / "fashion"), "--steps", "4", "--warmup", "1",
+    stdout, without = diagnose(capsys, *tiny(sample_sets / "fashion"), "--steps", "4", "--warmup", "1",
                                json_path=tmp_path / "b.json")
     assert "free_running" not in without          # on a CPU only when asked
     assert without["batches_per_epoch"] >= 5 and "note:" not in stdout   # within one pass: no restart
 
 
-def test_config_errors_are_one_line_and_exit_2(tmp_path):
+def test_config_errors_are_one_line_and_exit_2(tmp_path, capsys):
     for overrides, message in ((["model.widht=4"], "unknown config key 'model.widht'"),
                                (["data.backend=folder", f"data.path={tmp_path / 'none'}"], "no such directory")):
-        result = run_tool("diagnose.py", "--config", RECIPE, *overrides, timeout=60)
+        result = run_tool_here(capsys, "diagnose.py", "--config", RECIPE, *overrides)
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
         assert result.stderr.startswith("error: ") and message in result.stderr and "Traceback" not in result.stderr
