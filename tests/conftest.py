@@ -73,7 +73,10 @@ def run_tool_here(capsys, script: str, *args) -> subprocess.CompletedProcess:
     """run_tool's answer from the tool's `main` called in this process (pytest's `capsys` holds its
     output), for a run that needs no process of its own: no signal, no kill, no exit from inside."""
     import importlib
-    code = importlib.import_module(Path(script).stem).main([str(arg) for arg in args])
+    try:
+        code = importlib.import_module(Path(script).stem).main([str(arg) for arg in args])
+    except SystemExit as stop:                       # argparse's usage errors
+        code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
     output = capsys.readouterr()
     return subprocess.CompletedProcess([script, *map(str, args)], code, output.out, output.err)
 
@@ -200,6 +203,20 @@ def one_torch_thread_per_worker():
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         import torch
         torch.set_num_threads(1)
+
+
+@pytest.fixture
+def one_torch_thread(monkeypatch):
+    """The model on one thread, as torchrun runs each rank, for the measuring tools run in the test's
+    process (run_tool_here) and in processes of their own: on a shared 2-core machine, two threads
+    beside a busy loader worker (or other jobs) slow tiny steps down 30-fold, which would make the
+    figures, and verdicts drawn from them, depend on the machine's load."""
+    import torch
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

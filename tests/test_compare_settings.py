@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, TOOLS, run_tool
+from conftest import ROOT, TOOLS, run_tool_here
 from runs import main_in_process
 
 from training.step_stream import StepStream
@@ -27,17 +27,16 @@ def tiny(path) -> list[str]:
             "model.width=4", "model.blocks_per_stage=1", "precision=fp32"]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread(monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")     # as tests/test_diagnose.py: steady tiny steps
+pytestmark = pytest.mark.usefixtures("one_torch_thread")     # conftest.py: steady tiny steps
 
 
-def test_each_setting_gets_its_loader_rounds_alternate_and_the_best_is_the_top_median(converted_sets, tmp_path):
+def test_each_setting_gets_its_loader_rounds_alternate_and_the_best_is_the_top_median(converted_sets, tmp_path,
+                                                                                      capsys):
     fashion = converted_sets["fashion"]
     settings = ["data.num_workers=0", f"data.backend=webdataset data.path={fashion['webdataset']}"]
-    result = run_tool("compare_settings.py", "--config", RECIPE, *tiny(fashion["folder"]),
-                      *[arg for setting in settings for arg in ("--setting", setting)],
-                      "--rounds", "3", "--steps", "4", "--warmup", "1", "--json", tmp_path / "out.json", timeout=150)
+    result = run_tool_here(capsys, "compare_settings.py", "--config", RECIPE, *tiny(fashion["folder"]),
+                           *[arg for setting in settings for arg in ("--setting", setting)],
+                           "--rounds", "3", "--steps", "4", "--warmup", "1", "--json", tmp_path / "out.json")
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((tmp_path / "out.json").read_text())
     a, b = saved["settings"]
@@ -89,15 +88,15 @@ def test_a_run_killed_after_its_first_round_leaves_that_round_and_says_it_was_cu
     ("step_stream=high_priority", "step_stream=high_priority needs CUDA"),
     ("data.hw_decoder_load=2", "hw_decoder_load must be in [0, 1]"),
 ])
-def test_a_setting_it_cannot_compare_is_one_line_before_anything_is_measured(sample_sets, setting, named):
-    result = run_tool("compare_settings.py", "--config", RECIPE, *tiny(sample_sets / "fashion"),
-                      "--setting", "data.num_workers=1", "--setting", setting, "--steps", "2", timeout=120)
+def test_a_setting_it_cannot_compare_is_one_line_before_anything_is_measured(sample_sets, setting, named, capsys):
+    result = run_tool_here(capsys, "compare_settings.py", "--config", RECIPE, *tiny(sample_sets / "fashion"),
+                           "--setting", "data.num_workers=1", "--setting", setting, "--steps", "2")
     assert result.returncode == 2 and named in result.stderr, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1 and "round" not in result.stdout, result.stderr
 
 
-def test_one_setting_is_not_a_comparison():
-    result = run_tool("compare_settings.py", "--config", RECIPE, "--setting", "data.num_workers=1", timeout=60)
+def test_one_setting_is_not_a_comparison(capsys):
+    result = run_tool_here(capsys, "compare_settings.py", "--config", RECIPE, "--setting", "data.num_workers=1")
     assert result.returncode == 2 and "give 2 to 26 --setting options, got 1" in result.stderr
 
 

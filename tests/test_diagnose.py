@@ -20,18 +20,7 @@ def tiny(path, *extra) -> list[str]:
             "model.width=4", "model.blocks_per_stage=1", "precision=fp32", *extra]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread(monkeypatch):
-    """The model on one thread, as torchrun runs each rank: on a shared 2-core machine, two
-    threads beside a busy loader worker (or other jobs) slow tiny steps down 30-fold, which
-    would make the forced verdicts below depend on the machine's load. The tool runs in this
-    process (run_tool_here): it needs none of its own."""
-    import torch
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")     # conftest.py
 
 
 def diagnose(capsys, *args, json_path) -> tuple[str, dict]:

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from conftest import ROOT, run_tool
+from conftest import ROOT, run_tool_here
 
 import project_time
 from project_time import ConfigError, measured_rates, project, recipe_schedule, seconds_per_image
@@ -65,20 +65,20 @@ def test_projection_matches_the_sum_worked_out_by_hand(tmp_path):
                           schedule) == {88: 8500.0}
 
 
-def test_a_real_diagnose_json_is_projected_and_the_figures_written(sample_sets, tmp_path):
+def test_a_real_diagnose_json_is_projected_and_the_figures_written(sample_sets, tmp_path, capsys, one_torch_thread):
     """The contract with tools/diagnose.py --json: a tiny fashion run on 2 cores, then its projection."""
     tiny = ["data.backend=folder", f"data.path={sample_sets / 'fashion'}", "data.batch_size=16",
             "data.num_workers=1", "model.width=4", "model.blocks_per_stage=1", "precision=fp32",
             "max_duration=4ep"]              # set here: the recipe's own length may change
     recipe = RECIPES / "fashion_baseline.yaml"
     measured = tmp_path / "diagnose.json"
-    diagnosed = run_tool("diagnose.py", "--config", recipe, *tiny, "--steps", "4", "--warmup", "1",
-                         "--json", measured, timeout=120)
+    diagnosed = run_tool_here(capsys, "diagnose.py", "--config", recipe, *tiny, "--steps", "4", "--warmup", "1",
+                              "--json", measured)
     assert diagnosed.returncode == 0, diagnosed.stderr[-2000:]
     rate = json.loads(measured.read_text())["together_img_per_s"]
     out = tmp_path / "projection.json"
-    result = run_tool("project_time.py", "--config", recipe, *tiny, "--measured", measured, "--gpus", "2",
-                      "--train-images", "60000", "--val-images", "10000", "--json", out, timeout=120)
+    result = run_tool_here(capsys, "project_time.py", "--config", recipe, *tiny, "--measured", measured, "--gpus", "2",
+                           "--train-images", "60000", "--val-images", "10000", "--json", out)
     assert result.returncode == 0, result.stderr
     saved = json.loads(out.read_text())
     assert saved["epochs"] == 4 and [row["side"] for row in saved["rows"]] == [28]
