@@ -25,22 +25,23 @@ OUTAGE_RUN = [f"max_duration={EPOCHS}ep", "deterministic=true", "checkpoint.inte
               "data.cache_limit=1", "data.fetch_size=4KiB"]
 
 
-def command(path, run_dir, *extra) -> list[str]:
-    return [sys.executable, str(MAIN), "--config", str(RECIPE), *tiny_run(path, "webdataset", run_dir, *extra)]
+def arguments(path, run_dir, *extra) -> list[str]:
+    return ["--config", str(RECIPE), *tiny_run(path, "webdataset", run_dir, *extra)]
 
 
 @pytest.mark.timeout(300)
-def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupted(converted_sets, tmp_path):
+def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupted(converted_sets, tmp_path, capsys):
     local = converted_sets["fashion"]["webdataset"]
     reference = tmp_path / "reference"
-    done = subprocess.run(command(local, reference, *OUTAGE_RUN), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    done = main_here(capsys, *arguments(local, reference, *OUTAGE_RUN))
     assert done.returncode == 0, done.stderr[-3000:]
 
     port, run_dir = free_port(), tmp_path / "remote"
     url = f"http://alice:hunter2@127.0.0.1:{port}/{local.name}"    # nginx ignores the credentials
-    remote = command(url, run_dir, *OUTAGE_RUN, f"data.cache_dir={tmp_path / 'cache'}", "log.tensorboard=true")
+    remote = arguments(url, run_dir, *OUTAGE_RUN, f"data.cache_dir={tmp_path / 'cache'}", "log.tensorboard=true")
     server = Nginx(local.parent, tmp_path / "nginx", port=port)
-    process = subprocess.Popen(remote, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    process = subprocess.Popen([sys.executable, str(MAIN), *remote], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, cwd=ROOT)
     try:
         wait_until((run_dir / "checkpoints" / "ep1-ba20.pt").exists, process, "checkpoint ep1-ba20.pt")
     finally:
@@ -57,7 +58,7 @@ def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupt
 
     server = Nginx(local.parent, tmp_path / "nginx", port=port)   # back, where it was
     try:
-        resumed = subprocess.run(remote, capture_output=True, text=True, timeout=240, cwd=ROOT)
+        resumed = main_here(capsys, *remote)                  # the outage ended the process; this ends normally
     finally:
         server.stop()
     assert resumed.returncode == 0, resumed.stderr[-3000:]

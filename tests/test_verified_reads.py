@@ -150,24 +150,24 @@ def test_an_index_whose_bytes_changed_on_the_server_is_one_line_naming_it(conver
                          "the stored file is damaged; run python tools/convert_wds.py again"), line
 
 
-def test_training_through_answers_damaged_in_transit_has_the_losses_of_local_disk(converted_sets, tmp_path):
+def test_training_through_answers_damaged_in_transit_has_the_losses_of_local_disk(converted_sets, tmp_path, capsys):
     """A run reading through the bit-flipping proxy heals every damaged answer by fetching it again:
     its losses, at every step, and its final weights are those of a run reading local disk."""
     from benchmarks.latency_proxy import LatencyProxy
     from benchmarks.loopback_servers import Nginx
-    from runs import RECIPE, assert_ends_alike, main_py, read_jsonl, tiny_run
+    from runs import RECIPE, assert_ends_alike, main_here, read_jsonl, tiny_run
     local = converted_sets["fashion"]["webdataset"]
     # A fetch per sample and nothing kept: every sample crosses the proxy, in answers of their own.
     run = ["max_duration=1ep", "deterministic=true", "log.interval=1", "data.fetch_size=4KiB", "data.cache_limit=1"]
-    reference = main_py("--config", RECIPE, *tiny_run(local, "webdataset", tmp_path / "local", *run))
+    reference = main_here(capsys, "--config", RECIPE, *tiny_run(local, "webdataset", tmp_path / "local", *run))
     assert reference.returncode == 0, reference.stderr[-3000:]
     server = Nginx(local.parent, tmp_path / "nginx")
     try:
         # A quarter into each answer: inside the image of the fashion sample's one-sample ranges
         with LatencyProxy("127.0.0.1", server.port, latency_ms=0, flip_first=8, flip_at=0.25) as proxy:
-            remote = main_py("--config", RECIPE, *tiny_run(f"{proxy.url}/{local.name}", "webdataset",
-                                                           tmp_path / "remote", *run,
-                                                           f"data.cache_dir={tmp_path / 'cache'}"))
+            remote = main_here(capsys, "--config", RECIPE, *tiny_run(f"{proxy.url}/{local.name}", "webdataset",
+                                                                     tmp_path / "remote", *run,
+                                                                     f"data.cache_dir={tmp_path / 'cache'}"))
     finally:
         server.stop()
     assert remote.returncode == 0, remote.stderr[-3000:]
