@@ -24,7 +24,7 @@ def overrides_for(recipe: Path, data: Path) -> list[str]:
     small = load_recipe(recipe).get("model", {}).get("name") == "small_resnet"
     return ["max_duration=2ep", "data.backend=folder", f"data.path={data}", "data.batch_size=16",
             "data.num_workers=1", "log.progress=false", "log.tensorboard=false", "precision=fp32",
-            "checkpoint.interval=2ep",
+            "checkpoint.interval=2ep", "eval_interval=2ep",
             *(["model.width=4", "model.blocks_per_stage=1"] if small else
               ["data.resolution=32", "data.val_resolution=32"])]    # ResNet-50 on CPU: keep it small
 
