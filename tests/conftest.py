@@ -69,13 +69,34 @@ def run_tool(script: str, *args, check: bool = False, timeout: float = 600) -> s
     return result
 
 
-def run_tool_here(capsys, script: str, *args) -> subprocess.CompletedProcess:
-    """run_tool's answer from the tool's `main` called in this process (pytest's `capsys` holds its
-    output), for a run that needs no process of its own: no signal, no kill, no exit from inside."""
-    import importlib
+@contextlib.contextmanager
+def logging_as_in_a_process():
+    """The root logger bare, as a new process has it, while a tool's or a run's main runs in the
+    test's process: their logging.basicConfig then writes to the test's captured stderr, in their
+    own format and level, where under pytest's handlers it would do nothing. Then pytest's back."""
+    import logging
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers.clear()
     try:
-        code = importlib.import_module(Path(script).stem).main([str(arg) for arg in args])
-    except SystemExit as stop:                       # argparse's usage errors
+        yield
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def run_tool_here(capsys, script: str, *args) -> subprocess.CompletedProcess:
+    """run_tool's answer from the tool's command line (`command`, else `main`) called in this process
+    (pytest's `capsys` holds its output), for a run that needs no process of its own: no signal, no
+    kill, no exit from inside."""
+    import importlib
+    tool = importlib.import_module(Path(script).stem)
+    try:
+        with logging_as_in_a_process():
+            code = (getattr(tool, "command", None) or tool.main)([str(arg) for arg in args])
+    except SystemExit as stop:                       # argparse's usage errors, a command's exit code
         code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
     output = capsys.readouterr()
     return subprocess.CompletedProcess([script, *map(str, args)], code, output.out, output.err)

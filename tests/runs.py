@@ -3,7 +3,6 @@ torchrun launches, and killing a process tree the way a node failure does."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -39,20 +38,14 @@ def main_here(capsys, *args) -> subprocess.CompletedProcess:
     config or dataset error, met before any rank starts training, or a one-process run that ends
     normally (no signal, no kill, no fault: those end the process they meet). Its exit code and
     output, as main_py gives them."""
+    from conftest import logging_as_in_a_process
     from training.main import main
     arguments = [str(arg) for arg in args]
-    # main's logging.basicConfig does nothing under pytest, whose handlers the root logger has:
-    # the warnings go to stderr here as they would there
-    root, to_stderr = logging.getLogger(), logging.StreamHandler(sys.stderr)
-    to_stderr.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    level, deterministic = root.level, torch.are_deterministic_algorithms_enabled()
-    root.addHandler(to_stderr)
-    root.setLevel(logging.INFO)
+    deterministic = torch.are_deterministic_algorithms_enabled()
     try:
-        code = main(arguments)
+        with logging_as_in_a_process():
+            code = main(arguments)
     finally:
-        root.removeHandler(to_stderr)
-        root.setLevel(level)
         torch.use_deterministic_algorithms(deterministic)      # a run's setting, not the next test's
     output = capsys.readouterr()
     return subprocess.CompletedProcess([str(MAIN), *arguments], code, output.out, output.err)

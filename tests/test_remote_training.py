@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import subprocess
 import sys
 import threading
@@ -40,8 +41,10 @@ def test_an_outage_mid_run_exits_1_and_resume_auto_ends_as_a_run_never_interrupt
     url = f"http://alice:hunter2@127.0.0.1:{port}/{local.name}"    # nginx ignores the credentials
     remote = arguments(url, run_dir, *OUTAGE_RUN, f"data.cache_dir={tmp_path / 'cache'}", "log.tensorboard=true")
     server = Nginx(local.parent, tmp_path / "nginx", port=port)
+    # torch's threads as in this process, where the reference and the resumed part run: another count
+    # would sum in another order, and the weights would not end bitwise equal
     process = subprocess.Popen([sys.executable, str(MAIN), *remote], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, cwd=ROOT)
+                               text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})
     try:
         wait_until((run_dir / "checkpoints" / "ep1-ba20.pt").exists, process, "checkpoint ep1-ba20.pt")
     finally:
