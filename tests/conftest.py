@@ -87,7 +87,7 @@ def logging_as_in_a_process():
         root.setLevel(level)
 
 
-def run_tool_here(capsys, script: str, *args) -> subprocess.CompletedProcess:
+def run_tool_here(capsys, script: str, *args, check: bool = False) -> subprocess.CompletedProcess:
     """run_tool's answer from the tool's command line (`command`, else `main`) called in this process
     (pytest's `capsys` holds its output), for a run that needs no process of its own: no signal, no
     kill, no exit from inside."""
@@ -99,7 +99,21 @@ def run_tool_here(capsys, script: str, *args) -> subprocess.CompletedProcess:
     except SystemExit as stop:                       # argparse's usage errors, a command's exit code
         code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
     output = capsys.readouterr()
+    if check and code != 0:
+        raise AssertionError(f"{script} exited {code}:\n{output.err[-3000:]}")
     return subprocess.CompletedProcess([script, *map(str, args)], code, output.out, output.err)
+
+
+def convert_here(script: str, *args) -> None:
+    """A conversion the tests read from, made in this process (made_once's worker; its forked
+    writers as in a process of its own): the converter's command line, which must succeed."""
+    import importlib
+    try:
+        with logging_as_in_a_process():
+            importlib.import_module(Path(script).stem).command([str(arg) for arg in args])
+    except SystemExit as stop:
+        if stop.code:
+            raise AssertionError(f"{script} {' '.join(map(str, args))}: exit {stop.code}") from None
 
 
 def run_tool_without(modules: tuple[str, ...], script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -196,8 +210,8 @@ def converted_sets(sample_sets, tmp_path_factory) -> dict:
     """Both sample sets in every form a loader reads: {set: {"folder"|"ffcv"|"webdataset": path}}."""
     def make(out):
         for name in ("fashion", "photos"):
-            run_tool("convert_ffcv.py", sample_sets / name, out / f"{name}_ffcv", check=True)
-            run_tool("convert_wds.py", sample_sets / name, out / f"{name}_wds", check=True)
+            convert_here("convert_ffcv.py", sample_sets / name, out / f"{name}_ffcv")
+            convert_here("convert_wds.py", sample_sets / name, out / f"{name}_wds")
     out = made_once(tmp_path_factory, "converted", make)
     return {name: {"folder": sample_sets / name, "ffcv": out / f"{name}_ffcv", "webdataset": out / f"{name}_wds"}
             for name in ("fashion", "photos")}

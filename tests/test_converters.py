@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import TOOLS, as_converted_before_checksums, read_manifest, run_tool, run_tool_without
+from conftest import TOOLS, as_converted_before_checksums, read_manifest, run_tool, run_tool_here, run_tool_without
 from pipeline import LoaderSpec, build_loader
 from pipeline.convert.errors import ConversionFault
 from pipeline.convert.parallel import parallel_map
@@ -189,12 +189,12 @@ def test_wds_stores_the_source_pixels_with_a_restart_marker_per_mcu(bad_source, 
 
 
 @pytest.mark.parametrize("script", CONVERTERS)
-def test_strict_fails_when_anything_was_skipped(script, bad_source, tmp_path):
+def test_strict_fails_when_anything_was_skipped(script, bad_source, tmp_path, capsys):
     root, _, _ = bad_source
-    result = run_tool(script, root, tmp_path / "out", "--strict", "--splits", "train")
+    result = run_tool_here(capsys, script, root, tmp_path / "out", "--strict", "--splits", "train")
     assert result.returncode == 1
     assert read_manifest(tmp_path / "out")["counts"] == {"train": 9}
-    clean = run_tool(script, root, tmp_path / "clean", "--strict", "--splits", "val")
+    clean = run_tool_here(capsys, script, root, tmp_path / "clean", "--strict", "--splits", "val")
     assert clean.returncode == 0, clean.stderr
 
 
@@ -258,33 +258,33 @@ def many_images(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("script,temporary", [("convert_ffcv.py", ".train.beton.tmp-*"),
                                                ("convert_wds.py", ".train.tmp-*")])
-def test_an_interrupted_run_loses_nothing_and_looks_incomplete(script, temporary, many_images, tmp_path):
+def test_an_interrupted_run_loses_nothing_and_looks_incomplete(script, temporary, many_images, tmp_path, capsys):
     out = tmp_path / "out"
     kill_when_writing(script, many_images, out, temporary)
     assert not (out / "manifest.json").exists()
     assert not (out / "train.beton").exists() and not (out / "train").exists()
 
-    run_tool(script, many_images, out, "--shard-size-mb", 1, check=True) if script == "convert_wds.py" \
-        else run_tool(script, many_images, out, check=True)
+    run_tool_here(capsys, script, many_images, out, "--shard-size-mb", 1, check=True) if script == "convert_wds.py" \
+        else run_tool_here(capsys, script, many_images, out, check=True)
     before = {k: v for k, v in tree_digest(out).items() if ".tmp-" not in k}
     kill_when_writing(script, many_images, out, temporary)
     after = {k: v for k, v in tree_digest(out).items() if ".tmp-" not in k}
     assert after == before
 
 
-def test_up_to_date_outputs_are_not_written_again(bad_source, tmp_path):
+def test_up_to_date_outputs_are_not_written_again(bad_source, tmp_path, capsys):
     root, _, _ = bad_source
     out = tmp_path / "out"
-    run_tool("convert_wds.py", root, out, check=True)
+    run_tool_here(capsys, "convert_wds.py", root, out, check=True)
     first = tree_digest(out)
     mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")}
-    again = run_tool("convert_wds.py", root, out, check=True)
+    again = run_tool_here(capsys, "convert_wds.py", root, out, check=True)
     assert "train is up to date" in again.stderr and "val is up to date" in again.stderr
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")} == mtimes
 
     # Converting one split keeps the other in the manifest; a changed source is converted again.
     os.utime(root / "val/apple/v1.JPEG", ns=(1, 1))
-    partial = run_tool("convert_wds.py", root, out, "--splits", "val", check=True)
+    partial = run_tool_here(capsys, "convert_wds.py", root, out, "--splits", "val", check=True)
     assert "val is up to date" not in partial.stderr
     assert read_manifest(out)["counts"] == {"train": 9, "val": 3}
     assert tree_digest(out)["train/shard-000000.tar"] == first["train/shard-000000.tar"]
@@ -331,12 +331,12 @@ def test_a_newer_or_broken_manifest_is_a_one_line_error_naming_it(kind, tmp_path
     assert "\n" not in loader_message and len(loader_message) <= 500, loader_message
 
 
-def test_a_converter_converts_anew_over_a_manifest_it_cannot_read(bad_source, tmp_path):
+def test_a_converter_converts_anew_over_a_manifest_it_cannot_read(bad_source, tmp_path, capsys):
     root, _, _ = bad_source
     out = tmp_path / "out"
     out.mkdir()
     (out / "manifest.json").write_text(BROKEN_MANIFESTS["newer"])
-    result = run_tool("convert_wds.py", root, out, check=True)
+    result = run_tool_here(capsys, "convert_wds.py", root, out, check=True)
     assert "newer than this code reads" in result.stderr and "converting everything" in result.stderr
     assert read_manifest(out)["manifest_version"] == MANIFEST_VERSION and read_manifest(out)["counts"]["train"] == 9
 
@@ -355,10 +355,10 @@ def test_converting_again_over_an_older_versions_output_adds_what_this_version_w
                for split, record in again["splits"].items() for shard in record["shards"])
 
 
-def test_wds_shards_are_deterministic_size_capped_and_indexed_as_dali_does_without_dali(many_images, tmp_path):
+def test_wds_shards_are_deterministic_size_capped_and_indexed_as_dali_does_without_dali(many_images, tmp_path, capsys):
     from wds2idx import IndexCreator
     args = (many_images, "--shard-size-mb", 1, "--splits", "train")
-    run_tool("convert_wds.py", *args[:1], tmp_path / "a", *args[1:], check=True)
+    run_tool_here(capsys, "convert_wds.py", *args[:1], tmp_path / "a", *args[1:], check=True)
     # as on a GPU node where DALI is not installed yet
     without_dali = run_tool_without(("nvidia.dali", "wds2idx"), "convert_wds.py", *args[:1], tmp_path / "b", *args[1:])
     assert without_dali.returncode == 0, without_dali.stderr[-3000:]
@@ -455,3 +455,20 @@ def test_a_worker_that_dies_is_a_one_line_fault_not_a_hang():
     with pytest.raises(ConversionFault, match=r"^train: encoding: a worker process died .*--num-workers 1"):
         list(parallel_map(crash_on_37, list(range(100)), 2, "train: encoding", chunksize=4))
     assert time.monotonic() - started < 30
+
+
+def test_a_conversion_called_where_stderr_is_no_file_runs_its_workers(many_images, tmp_path, capsys):
+    """From Python with sys.stderr captured, as in a notebook (here pytest's capsys): its forked
+    workers start, where enabling their crash tracebacks on sys.stderr would have killed each one."""
+    from pipeline.convert.wds import main
+    assert not _has_fileno(sys.stderr)
+    assert main([str(many_images), str(tmp_path / "out"), "--splits", "train", "--num-workers", "2"]) == 0
+    assert read_manifest(tmp_path / "out")["counts"] == {"train": 300}
+
+
+def _has_fileno(stream) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    return True

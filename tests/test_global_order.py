@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from conftest import made_once, run_tool
+from conftest import convert_here, made_once
 from pipeline import build_loader
 from pipeline.spec import LoaderSpec
 
@@ -27,8 +27,8 @@ def own_class_sets(sample_sets, tmp_path_factory) -> dict:
             for index, image in enumerate(images):
                 (out / "folder" / split / f"s{index:03d}").mkdir(parents=True)
                 shutil.copy(image, out / "folder" / split / f"s{index:03d}" / image.name)
-        run_tool("convert_ffcv.py", out / "folder", out / "ffcv", check=True)
-        run_tool("convert_wds.py", out / "folder", out / "webdataset", "--shard-size-mb", "0.02", check=True)
+        convert_here("convert_ffcv.py", out / "folder", out / "ffcv")
+        convert_here("convert_wds.py", out / "folder", out / "webdataset", "--shard-size-mb", "0.02")
     out = made_once(tmp_path_factory, "own_class", make)
     return {kind: out / kind for kind in ("folder", "ffcv", "webdataset")}
 

@@ -17,6 +17,15 @@ class WorkerDied(Exception):
     """A worker process ended without finishing its work (its traceback, if it crashed, is on stderr)."""
 
 
+def _tracebacks_on_crash() -> None:
+    """faulthandler in a worker: on sys.stderr, or on file descriptor 2 where sys.stderr is no file
+    (a notebook's, a captured one), on which faulthandler.enable() raises and every worker would die."""
+    try:
+        faulthandler.enable()
+    except (AttributeError, OSError, ValueError):
+        faulthandler.enable(file=2)
+
+
 def forked_map(function: Callable, items: list, workers: int, chunksize: int = 16) -> Iterator:
     """function(item) for each item, in order: in this process when workers <= 1, else on that
     many forked processes. function goes to them pickled, so by name: a module-level function,
@@ -26,7 +35,7 @@ def forked_map(function: Callable, items: list, workers: int, chunksize: int = 1
     if workers <= 1 or len(items) < 2:
         yield from map(function, items)
         return
-    pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), initializer=faulthandler.enable)
+    pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), initializer=_tracebacks_on_crash)
     try:
         yield from pool.map(function, items, chunksize=chunksize)
     except BrokenProcessPool:
