@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loopback_servers import free_port, wait_listening
-from conftest import TOOLS, run_tool, versions
+from conftest import TOOLS, run_tool, run_tool_here, versions
 
 def objects(client, bucket: str, prefix: str) -> dict[str, dict]:
     """{name under prefix: its listing entry} of the current objects."""
@@ -60,7 +60,8 @@ def check_upload(client, bucket: str, prefix: str, staging: Path) -> dict:
 @pytest.mark.timeout(300)
 def test_wds_upload_equals_staging_and_a_rerun_uploads_nothing(sample_sets, bucket, tmp_path, monkeypatch):
     client, name = bucket
-    monkeypatch.setenv("TMPDIR", str(tmp_path))      # where the default staging folder goes
+    # where the default staging folder goes; read once by a process (tempfile), so the tool runs in its own
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     args = (sample_sets / "fashion", f"s3://{name}/wds", "--shard-size-mb", 0.1, "--num-workers", 1)
     first = run_tool("convert_wds.py", *args, check=True)
     staged = list(tmp_path.glob(f"fastpipe-staging-{os.getuid()}/webdataset-*"))
@@ -80,31 +81,31 @@ def test_wds_upload_equals_staging_and_a_rerun_uploads_nothing(sample_sets, buck
 
 
 @pytest.mark.timeout(300)
-def test_ffcv_upload_goes_in_parts_and_a_rerun_uploads_nothing(sample_sets, bucket, tmp_path):
+def test_ffcv_upload_goes_in_parts_and_a_rerun_uploads_nothing(sample_sets, bucket, tmp_path, capsys):
     client, name = bucket
     staging = tmp_path / "staging"
     args = (sample_sets / "fashion", f"s3://{name}/ffcv", "--staging", staging, "--num-workers", 1)
-    run_tool("convert_ffcv.py", *args, check=True)
+    run_tool_here(capsys, "convert_ffcv.py", *args, check=True)
     manifest = check_upload(client, name, "ffcv", staging)
     beton = manifest["splits"]["train"]["files"][0]
     assert manifest["splits"]["train"]["bytes"] > 8 << 20          # FFCV's pages: larger than one part
     assert "-" in client.head_object(Bucket=name, Key=f"ffcv/{beton}")["ETag"]   # a multipart upload's ETag
     before, _ = versions(client, name, "ffcv")
 
-    again = run_tool("convert_ffcv.py", *args, check=True)
+    again = run_tool_here(capsys, "convert_ffcv.py", *args, check=True)
     assert "up to date (5 objects)" in again.stderr          # two .betons, their checksums, the manifest
     assert versions(client, name, "ffcv") == (before, {})
 
 
 @pytest.mark.timeout(300)
-def test_a_changed_conversion_replaces_the_manifest_only_after_its_files(sample_sets, bucket, tmp_path):
+def test_a_changed_conversion_replaces_the_manifest_only_after_its_files(sample_sets, bucket, tmp_path, capsys):
     client, name = bucket
     staging = tmp_path / "staging"
     args = (sample_sets / "fashion", f"s3://{name}/wds", "--staging", staging, "--num-workers", 1,
             "--splits", "val")
-    run_tool("convert_wds.py", *args, check=True)
+    run_tool_here(capsys, "convert_wds.py", *args, check=True)
     old_manifest = client.get_object(Bucket=name, Key="wds/manifest.json")["Body"].read()
-    changed = run_tool("convert_wds.py", *args, "--jpeg-quality", 50, "--no-restart-markers", check=True)
+    changed = run_tool_here(capsys, "convert_wds.py", *args, "--jpeg-quality", 50, "--no-restart-markers", check=True)
     assert "uploaded" in changed.stderr
     check_upload(client, name, "wds", staging)
     assert client.get_object(Bucket=name, Key="wds/manifest.json")["Body"].read() != old_manifest
@@ -115,7 +116,7 @@ def test_a_changed_conversion_replaces_the_manifest_only_after_its_files(sample_
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_upload_leaves_no_manifest_and_the_rerun_resumes(sample_sets, bucket, tmp_path):
+def test_a_killed_upload_leaves_no_manifest_and_the_rerun_resumes(sample_sets, bucket, tmp_path, capsys):
     client, name = bucket
     staging = tmp_path / "staging"
     # One sample a shard, uploaded one at a time: hundreds of objects, the manifest after them all.
@@ -135,7 +136,7 @@ def test_a_killed_upload_leaves_no_manifest_and_the_rerun_resumes(sample_sets, b
     assert "manifest.json" not in present
     assert 0 < len(present) < sum(len(record["files"]) for record in splits.values())
 
-    rerun = run_tool("convert_wds.py", *args, check=True)
+    rerun = run_tool_here(capsys, "convert_wds.py", *args, check=True)
     assert "train is up to date" in rerun.stderr                # nothing converted twice
     check_upload(client, name, "wds", staging)
     puts, _ = versions(client, name, "wds")
@@ -151,19 +152,21 @@ def one_line(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.timeout(120)
-def test_a_missing_bucket_another_scheme_or_a_stray_staging_is_a_one_line_error(sample_sets, bucket, tmp_path):
+def test_a_missing_bucket_another_scheme_or_a_stray_staging_is_a_one_line_error(sample_sets, bucket, tmp_path, capsys):
     src = sample_sets / "fashion"
-    line = one_line(run_tool("convert_wds.py", src, "s3://no-such-bucket-here/wds", "--staging", tmp_path / "s"))
+    line = one_line(run_tool_here(capsys, "convert_wds.py", src, "s3://no-such-bucket-here/wds",
+                                  "--staging", tmp_path / "s"))
     assert "s3://no-such-bucket-here/wds" in line and "does not exist" in line
     assert not (tmp_path / "s").exists()                        # refused before converting anything
-    line = one_line(run_tool("convert_ffcv.py", src, "https://user:hunter2@example.com/ffcv"))
+    line = one_line(run_tool_here(capsys, "convert_ffcv.py", src, "https://user:hunter2@example.com/ffcv"))
     assert "s3:// or gs://" in line and "hunter2" not in line
-    line = one_line(run_tool("convert_wds.py", src, tmp_path / "local", "--staging", tmp_path / "s"))
+    line = one_line(run_tool_here(capsys, "convert_wds.py", src, tmp_path / "local", "--staging", tmp_path / "s"))
     assert "--staging" in line and not (tmp_path / "local").exists()
 
 
-def test_a_bucket_in_another_region_is_a_one_line_error_naming_it(sample_sets, s3_of_another_region, tmp_path):
-    result = run_tool("convert_wds.py", sample_sets / "fashion", "s3://moved/wds", "--staging", tmp_path / "s")
+def test_a_bucket_in_another_region_is_a_one_line_error_naming_it(sample_sets, s3_of_another_region, tmp_path, capsys):
+    result = run_tool_here(capsys, "convert_wds.py", sample_sets / "fashion", "s3://moved/wds",
+                           "--staging", tmp_path / "s")
     assert result.returncode == 2
     assert one_line(result) == ("error: s3://moved/wds: cannot list the destination: the bucket is in region "
                                 "eu-west-1, not us-east-1 (S3 answered 301): set AWS_REGION=eu-west-1")
@@ -171,7 +174,7 @@ def test_a_bucket_in_another_region_is_a_one_line_error_naming_it(sample_sets, s
 
 
 @pytest.mark.timeout(120)
-def test_refused_credentials_are_a_one_line_error_without_the_secret(sample_sets, tmp_path, monkeypatch):
+def test_refused_credentials_are_a_one_line_error_without_the_secret(sample_sets, tmp_path, monkeypatch, capsys):
     """moto's server checking signatures: its IAM knows no key, so every request is refused."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -183,7 +186,8 @@ def test_refused_credentials_are_a_one_line_error_without_the_secret(sample_sets
                             ("AWS_SECRET_ACCESS_KEY", "s3cr3t-never-shown"), ("AWS_REGION", "us-east-1")):
             monkeypatch.setenv(name, value)
         for script in ("convert_wds.py", "convert_ffcv.py"):
-            line = one_line(run_tool(script, sample_sets / "fashion", "s3://photos/x", "--staging", tmp_path / "s"))
+            line = one_line(run_tool_here(capsys, script, sample_sets / "fashion", "s3://photos/x",
+                                          "--staging", tmp_path / "s"))
             assert "s3://photos/x" in line and "403" in line and "s3cr3t" not in line
     finally:
         server.terminate()
