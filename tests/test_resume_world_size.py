@@ -8,13 +8,12 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from runs import RECIPE, ROOT, TORCHRUN, main_in_process, read_jsonl, tiny_run
+from runs import RECIPE, ROOT, TORCHRUN, main_here, main_in_process, read_jsonl, tiny_run
 from test_global_order import GLOBAL_BATCH, global_steps, own_class_sets  # noqa: F401 (a fixture)
 
 RECORDED = Path(__file__).with_name("recorded_run.py")
@@ -88,9 +87,7 @@ def test_stopped_mid_epoch_and_resumed_on_more_processes_then_on_fewer(own_class
 @pytest.mark.timeout(300)
 def test_a_changed_global_batch_is_refused_unless_allowed(own_class_sets, tmp_path, capsys):
     data, run_dir = own_class_sets["webdataset"], tmp_path / "run"
-    first = subprocess.run([sys.executable, str(RECORDED), "--config", str(RECIPE),
-                            *tiny_run(data, "webdataset", run_dir, *COMMON, "max_duration=13ba")],
-                           capture_output=True, text=True, timeout=240, cwd=ROOT)
+    first = main_here(capsys, "--config", RECIPE, *tiny_run(data, "webdataset", run_dir, *COMMON, "max_duration=13ba"))
     assert first.returncode == 0, first.stderr[-3000:]
     saved = run_dir / "checkpoints" / "ep1-ba13.pt"           # the run's end: 3 steps into epoch 1
     assert saved.exists()
@@ -100,8 +97,7 @@ def test_a_changed_global_batch_is_refused_unless_allowed(own_class_sets, tmp_pa
     assert f"checkpoint {saved}: global batch 12 -> 8 since it was taken" in refused
     assert "resume_allow_changes=true" in refused
 
-    allowed = subprocess.run([sys.executable, str(RECORDED), "--config", str(RECIPE), *changed,
-                              "resume_allow_changes=true"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    allowed = main_here(capsys, "--config", RECIPE, *changed, "resume_allow_changes=true")
     assert allowed.returncode == 0, allowed.stderr[-3000:]
     assert "global batch 12 -> 8" in allowed.stderr             # the warning
     records = [line for line in read_jsonl(run_dir / "metrics.jsonl") if "resume_changes" in line]
