@@ -1,7 +1,8 @@
-"""Shared fixtures: running the tools as a user does (subprocesses), and the sample sets, made
-once per run for all pytest-xdist workers; the `alone` mark, for tests whose figures must not
-share the CPU with another worker's test; a small real file system to fill (`tmpfs`, `fill`); and the
-hooks that end a test past its time limit (`suite_timeouts.py`)."""
+"""Shared fixtures: running the tools as a user does (subprocesses), or their command lines in the
+test's process where a run needs no process of its own; the sample sets, made once per run for all
+pytest-xdist workers; the `alone` mark, for tests whose figures must not share the CPU with another
+worker's test; a small real file system to fill (`tmpfs`, `fill`); and the hooks that end a test
+past its time limit (`suite_timeouts.py`)."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +10,7 @@ import errno
 import fcntl
 import hashlib
 import http.server
+import importlib
 import json
 import os
 import shutil
@@ -87,17 +89,20 @@ def logging_as_in_a_process():
         root.setLevel(level)
 
 
-def run_tool_here(capsys, script: str, *args, check: bool = False) -> subprocess.CompletedProcess:
-    """run_tool's answer from the tool's command line (`command`, else `main`) called in this process
-    (pytest's `capsys` holds its output), for a run that needs no process of its own: no signal, no
-    kill, no exit from inside."""
-    import importlib
+def command_here(script: str, *args) -> int:
+    """The exit code of tools/SCRIPT's command line (its `command`, else its `main`) called in this
+    process, for a run that needs no process of its own: no signal, no kill, no exit from inside."""
     tool = importlib.import_module(Path(script).stem)
     try:
         with logging_as_in_a_process():
-            code = (getattr(tool, "command", None) or tool.main)([str(arg) for arg in args])
+            return (getattr(tool, "command", None) or tool.main)([str(arg) for arg in args])
     except SystemExit as stop:                       # argparse's usage errors, a command's exit code
-        code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+        return 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+
+
+def run_tool_here(capsys, script: str, *args, check: bool = False) -> subprocess.CompletedProcess:
+    """run_tool's answer from command_here, its output from pytest's `capsys`."""
+    code = command_here(script, *args)
     output = capsys.readouterr()
     if check and code != 0:
         raise AssertionError(f"{script} exited {code}:\n{output.err[-3000:]}")
@@ -105,15 +110,10 @@ def run_tool_here(capsys, script: str, *args, check: bool = False) -> subprocess
 
 
 def convert_here(script: str, *args) -> None:
-    """A conversion the tests read from, made in this process (made_once's worker; its forked
-    writers as in a process of its own): the converter's command line, which must succeed."""
-    import importlib
-    try:
-        with logging_as_in_a_process():
-            importlib.import_module(Path(script).stem).command([str(arg) for arg in args])
-    except SystemExit as stop:
-        if stop.code:
-            raise AssertionError(f"{script} {' '.join(map(str, args))}: exit {stop.code}") from None
+    """A conversion the tests read from, made by command_here in made_once's worker; it must succeed."""
+    code = command_here(script, *args)
+    if code != 0:
+        raise AssertionError(f"{script} {' '.join(map(str, args))}: exit {code}")
 
 
 def run_tool_without(modules: tuple[str, ...], script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:

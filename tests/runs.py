@@ -35,9 +35,9 @@ def main_py(*args, timeout=120) -> subprocess.CompletedProcess:
 
 def main_here(capsys, *args) -> subprocess.CompletedProcess:
     """training/main.py's `main` called in this process, for what needs no process of its own: a
-    config or dataset error, met before any rank starts training, or a one-process run that ends
-    normally (no signal, no kill, no fault: those end the process they meet). Its exit code and
-    output, as main_py gives them."""
+    one-process run that returns, at its end or at an error every rank meets (a bad config, a full
+    disk). A signal, a kill or a fault one rank meets alone ends the process: those runs get theirs.
+    Its exit code and output, as main_py gives them."""
     from conftest import logging_as_in_a_process
     from training.main import main
     arguments = [str(arg) for arg in args]
