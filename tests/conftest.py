@@ -254,6 +254,12 @@ def one_torch_thread(monkeypatch):
     torch.set_num_threads(threads)
 
 
+def pytest_collection_modifyitems(items):
+    """The `alone` tests first: the exclusive lock waits for the other worker's test in hand to end,
+    and at the start that is one of the first, not one of the minute-long runs that come later."""
+    items.sort(key=lambda item: item.get_closest_marker("alone") is None)
+
+
 @pytest.fixture(autouse=True)
 def cpu_share(request, tmp_path_factory):
     """A test marked `alone` runs while no other worker's test does (its figures are timings);
