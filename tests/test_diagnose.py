@@ -99,7 +99,8 @@ def test_verdicts_forced_both_ways(sample_sets, tmp_path, capsys):
 
 def test_free_running_figures_are_measured_printed_and_saved(sample_sets, tmp_path, capsys):
     """Without a sync per step (on CUDA always, here by the flag): the rate training runs at."""
-    stdout, saved = diagnose(capsys, *tiny(sample_sets / "fashion"), *SHORT, "--free-running", json_path=tmp_path / "a.json")
+    stdout, saved = diagnose(capsys, *tiny(sample_sets / "fashion"), *SHORT, "--free-running",
+                             json_path=tmp_path / "a.json")
     free = saved["free_running"]
     assert set(free) == {"model_img_per_s", "together_img_per_s"} and min(free.values()) > 0
     line = re.search(r"^as training runs \(no sync per step\): model alone ([\d,]+) img/s, together ([\d,]+) "

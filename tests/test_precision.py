@@ -58,11 +58,11 @@ def test_a_resumed_auto_run_keeps_its_checkpoints_precision(tmp_path, capsys):
                  "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
                  "log.progress=false", "log.tensorboard=false", "checkpoint.interval=1ep"]
     for precision in ("fp32", "bf16"):               # whichever this machine would measure faster
-        first = main_here(capsys, "--config", RECIPE, *overrides, f"run_dir={tmp_path / precision}", "max_duration=1ep",
-                        f"precision={precision}")
+        first = main_here(capsys, "--config", RECIPE, *overrides, f"run_dir={tmp_path / precision}",
+                          "max_duration=1ep", f"precision={precision}")
         assert first.returncode == 0, first.stderr[-3000:]
-        longer = main_here(capsys, "--config", RECIPE, *overrides, f"run_dir={tmp_path / precision}", "max_duration=2ep",
-                         "precision=auto")
+        longer = main_here(capsys, "--config", RECIPE, *overrides, f"run_dir={tmp_path / precision}",
+                           "max_duration=2ep", "precision=auto")
         assert longer.returncode == 0, longer.stderr[-3000:]
         assert f"precision auto: {precision} (as trained before, by checkpoint ep1-ba4.pt)" in longer.stdout
         assert "train step here" not in longer.stdout
@@ -76,10 +76,10 @@ def test_auto_measures_at_the_first_side_of_a_resolution_schedule(tmp_path, caps
     """A recipe whose data.resolution is a schedule (a mapping, not a side) probes at the size the
     loader starts with."""
     ramp = "data.resolution={form: ffcv, min_res: 16, max_res: 24, start_ramp: 0, end_ramp: 1, multiple: 8}"
-    run = main_here(capsys, "--config", RECIPE, "data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64",
-                  "data.batch_size=16", ramp, "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
-                  "log.progress=false", "log.tensorboard=false", f"run_dir={tmp_path}", "max_duration=1ep",
-                  "precision=auto")
+    run = main_here(capsys, "--config", RECIPE, "data.backend=synthetic", "data.num_classes=4",
+                    "data.synthetic_size=64", "data.batch_size=16", ramp, "data.val_resolution=16", "model.width=4",
+                    "model.blocks_per_stage=1", "log.progress=false", "log.tensorboard=false", f"run_dir={tmp_path}",
+                    "max_duration=1ep", "precision=auto")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "precision auto: " in run.stdout and "train step here" in run.stdout
     assert json.loads((tmp_path / "summary.json").read_text())["precision"] in ("fp32", "bf16")

@@ -85,7 +85,8 @@ def test_a_bad_url_is_one_line_and_exit_2_before_training(converted_sets, tmp_pa
            "no manifest": f"{server.url}/no-such-dataset",
            "credentials in the URL": f"http://alice:hunter2@127.0.0.1:{server.port}/no-such-dataset"}[problem]
     try:
-        result = main_here(capsys, "--config", RECIPE, *tiny_run(url, "webdataset", tmp_path / "run", "max_duration=1ep"))
+        result = main_here(capsys, "--config", RECIPE,
+                           *tiny_run(url, "webdataset", tmp_path / "run", "max_duration=1ep"))
     finally:
         server.stop()
     assert result.returncode == 2, result.stderr[-3000:]
@@ -128,8 +129,9 @@ def test_a_cache_disk_without_room_is_one_line_and_exit_2_before_training(conver
     fill(disk)
     server = Nginx(local.parent, tmp_path / "nginx")
     try:
-        result = main_here(capsys, "--config", RECIPE, *tiny_run(f"{server.url}/{local.name}", "webdataset", tmp_path / "run",
-                                                        "max_duration=1ep", f"data.cache_dir={disk / 'cache'}"))
+        result = main_here(capsys, "--config", RECIPE, *tiny_run(f"{server.url}/{local.name}", "webdataset",
+                                                                  tmp_path / "run", "max_duration=1ep",
+                                                                  f"data.cache_dir={disk / 'cache'}"))
     finally:
         server.stop()
     assert result.returncode == 2, result.stderr[-3000:]
