@@ -39,9 +39,9 @@ def test_a_server_refusing_or_missing_a_file_while_the_run_is_built_is_one_line_
     path = copy.relative_to(tmp_path / "served").as_posix()
     run_dir = tmp_path / "run"
     try:
-        result = main_here(capsys, "--config", RECIPE, *tiny_run(f"http://alice:hunter2@127.0.0.1:{server.port}/{path}",
-                                                      "webdataset", run_dir, "max_duration=1ep",
-                                                      f"data.cache_dir={tmp_path / 'cache'}"))
+        url = f"http://alice:hunter2@127.0.0.1:{server.port}/{path}"
+        result = main_here(capsys, "--config", RECIPE, *tiny_run(url, "webdataset", run_dir, "max_duration=1ep",
+                                                                 f"data.cache_dir={tmp_path / 'cache'}"))
     finally:
         server.stop()
     assert result.returncode == 2, result.stderr[-3000:]
