@@ -11,7 +11,6 @@ import textwrap
 import threading
 import weakref
 
-import numpy as np
 import pytest
 import torch
 
