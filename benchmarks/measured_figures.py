@@ -1,6 +1,8 @@
 """The figures a projection stands on, each with where it comes from: a GPU's model-bound img/s
-(benchmarks/models.py rows, else a published figure) and a loader's img/s on so many vCPUs
-(benchmarks/loaders.py rows, on this kind of CPU or a kin one).
+(benchmarks/models.py rows, else a published figure), a loader's img/s on so many vCPUs
+(benchmarks/loaders.py rows, on this kind of CPU or a kin one), and, for a loader that decodes on
+the GPU, the share of the model-bound rate the step keeps beside it (`e2e` rows of
+tools/diagnose.py and tools/compare_settings.py).
 
 Three kinds of source, always said:
 - measured: rows of a machine of this kind (same GPU model; same CPU family and vector extension);
@@ -197,6 +199,38 @@ class LoaderRates:
                 return by_pixels(rates, side, command) / rates[measured], words
         raise NoFigure(f"the recipe needs {backend} {split} at {side} px and no CPU is measured at {measured} px and "
                        f"another side; run {command} --resolutions {measured},{side}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShare:
+    share: float        # of the model alone, beside the loader
+    source: str
+
+
+class StepShares:
+    """The train step's share of the model alone while a loader that decodes on the GPU feeds it:
+    DALI's nvJPEG stages and resize take SMs from the step, which the model-bound rate does not
+    see. The median of the `e2e` rows of local reads whose loader alone outran the model (so the
+    share is the step's, not the loader's) on this GPU, else on every GPU measured so (said)."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = [row for row in rows if row.get("benchmark") == "e2e" and row.get("device", "").startswith("cuda")
+                     and row.get("data_from") == "local" and row["loader_img_per_s"] > row["model_img_per_s"]]
+
+    def share(self, gpu: str, backend: str, model: str) -> StepShare:
+        beside = [row for row in self.rows if row["backend"] == backend and row["model"] == model]
+        on_it = [row for row in beside if gpu_model(row["hardware"]["gpu_model"]) == gpu]
+        rows = on_it or beside
+        if not rows:
+            raise NoFigure(f"no end-to-end {backend} figure on a GPU, and its decode takes from the step; on one, run "
+                           f"python tools/diagnose.py --config RECIPE data.backend={backend} --results-dir "
+                           f"benchmarks/results")
+        shares = [row["share_of_model"] for row in rows]
+        measured_on = ", ".join(sorted({gpu_model(row["hardware"]["gpu_model"]) for row in rows}))
+        return StepShare(statistics.median(shares),
+                         f"{model} step beside {backend} on {measured_on}: {statistics.median(shares):.0%} of the "
+                         f"model alone, median of {len(shares)} end-to-end runs ({min(shares):.0%}-{max(shares):.0%})"
+                         + ("" if on_it else f"; not measured so on {gpu}"))
 
 
 def along_cores(points: dict[int, dict], vcpus: float) -> float:

@@ -36,10 +36,22 @@ def test_each_setting_gets_its_loader_rounds_alternate_and_the_best_is_the_top_m
     settings = ["data.num_workers=0", f"data.backend=webdataset data.path={fashion['webdataset']}"]
     result = run_tool_here(capsys, "compare_settings.py", "--config", RECIPE, *tiny(fashion["folder"]),
                            *[arg for setting in settings for arg in ("--setting", setting)],
-                           "--rounds", "3", "--steps", "4", "--warmup", "1", "--json", tmp_path / "out.json")
+                           "--rounds", "3", "--steps", "4", "--warmup", "1", "--json", tmp_path / "out.json",
+                           "--results-dir", tmp_path / "results")
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((tmp_path / "out.json").read_text())
     a, b = saved["settings"]
+    # each setting's median also goes to this machine's results file, as the planner reads it
+    [results] = (tmp_path / "results").glob("*.jsonl")
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert f"end-to-end figures added to {results}" in result.stdout
+    assert [(r["benchmark"], r["tool"], r["backend"], r["num_workers"]) for r in rows] == \
+        [("e2e", "compare_settings", "folder", 0), ("e2e", "compare_settings", "webdataset", 1)]
+    for row, setting in zip(rows, (a, b)):
+        assert row["share_of_model"] == setting["median_share_of_model"] and row["rounds"] == 3
+        assert row["together_img_per_s"] == setting["median_img_per_s"] and row["data_from"] == "local"
+        assert row["model_img_per_s"] == statistics.median(r["model_img_per_s"] for r in saved["rounds"])
+        assert row["resolution"] == saved["side"] and row["hardware"]["cpu_cores"] == os.cpu_count()
     assert a["loader"] == {"backend": "folder", "path": str(fashion["folder"]), "num_workers": 0,
                            "hw_decoder_load": 0.65, "cache_limit": "16GiB"}, a
     assert b["loader"]["backend"] == "webdataset" and b["loader"]["path"] == str(fashion["webdataset"]), b

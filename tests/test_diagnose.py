@@ -100,8 +100,17 @@ def test_verdicts_forced_both_ways(sample_sets, tmp_path, capsys):
 def test_free_running_figures_are_measured_printed_and_saved(sample_sets, tmp_path, capsys):
     """Without a sync per step (on CUDA always, here by the flag): the rate training runs at."""
     stdout, saved = diagnose(capsys, *tiny(sample_sets / "fashion"), *SHORT, "--free-running",
-                             json_path=tmp_path / "a.json")
+                             "--results-dir", tmp_path / "results", json_path=tmp_path / "a.json")
     free = saved["free_running"]
+    # and as an `e2e` row of this machine's results file: the planner's share of the model alone
+    [results] = (tmp_path / "results").glob("*.jsonl")
+    [row] = [json.loads(line) for line in results.read_text().splitlines()]
+    assert f"end-to-end figures added to {results}" in stdout
+    assert (row["benchmark"], row["tool"], row["backend"], row["as_training"], row["data_from"]) == \
+        ("e2e", "diagnose", "folder", True, "local")
+    assert (row["model_img_per_s"], row["together_img_per_s"]) == (free["model_img_per_s"], free["together_img_per_s"])
+    assert row["share_of_model"] == pytest.approx(free["together_img_per_s"] / free["model_img_per_s"], abs=1e-4)
+    assert row["resolution"] == saved["side"] and row["loader_img_per_s"] == saved["loader_img_per_s"]
     assert set(free) == {"model_img_per_s", "together_img_per_s"} and min(free.values()) > 0
     line = re.search(r"^as training runs \(no sync per step\): model alone ([\d,]+) img/s, together ([\d,]+) "
                      r"\((\d+)% of the model alone\)$", stdout, re.M)

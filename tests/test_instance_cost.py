@@ -160,6 +160,50 @@ def test_a_published_figure_follows_the_measured_gpus_curve(figures, capsys, tmp
     assert row["sides"][1]["gpu_img_per_s"] == pytest.approx(2_000 * 1250 / 2500)
 
 
+def e2e_row(share: float, hardware: dict = H100, loader: float = 20_000, data_from: str = "local") -> dict:
+    return {"benchmark": "e2e", "backend": "dali", "model": "resnet50", "device": "cuda:0", "data_from": data_from,
+            "loader_img_per_s": loader, "model_img_per_s": 10_000, "together_img_per_s": 10_000 * share,
+            "share_of_model": share, "hardware": hardware}
+
+
+def test_beside_dali_the_step_keeps_the_share_of_the_gpu_measured_end_to_end(figures, capsys, tmp_path):
+    """DALI decodes on the GPU: its GPU bound is the model's rate times the median share measured end to
+    end, of local runs whose loader outran the model, on this GPU model, else on those measured."""
+    dali = [{**loader_row(split, side, cores, 50_000), "backend": "dali-wds", "device": "cuda"}
+            for split, side in (("train", 112), ("train", 224), ("val", 224)) for cores in (2, 4)]
+    a100 = {**H100, "gpu_model": "NVIDIA A100-SXM4-80GB"}
+    not_the_steps = [e2e_row(0.1, data_from="url"), e2e_row(0.2, loader=5_000)]
+    on_the_h100 = [e2e_row(0.8), e2e_row(0.9), e2e_row(0.7)]
+    results = figures / "results" / "machines.jsonl"
+    before = results.read_text()
+
+    def project(e2e_rows: list[dict]) -> tuple[str, dict]:
+        results.write_text(before + "".join(json.dumps(row) + "\n" for row in [*dali, *e2e_rows]))
+        code, out, err = run(capsys, *cost_args(figures, "--backends", "webdataset,dali", "--json", tmp_path / "c.json"))
+        assert code == 0, err
+        return out, {row["backend"]: row for row in json.loads((tmp_path / "c.json").read_text())["rows"]}
+
+    out, rows = project([*not_the_steps, *on_the_h100, e2e_row(0.95, a100)])
+    assert rows["dali"]["step_share"] == pytest.approx(0.8) and rows["webdataset"]["step_share"] is None
+    assert [s["gpu_img_per_s"] for s in rows["dali"]["sides"]] == pytest.approx([8_000, 1_600])
+    assert [s["binds"] for s in rows["dali"]["sides"]] == ["GPU", "GPU"]
+    assert rows["dali"]["eval"]["gpu_img_per_s"] == pytest.approx(7_000)     # no end-to-end eval figure
+    train = 2 * 12_000 / (4 * 8_000) + 2 * 12_000 / (4 * 1_600)
+    assert rows["dali"]["hours"] == pytest.approx((train + 2 * 1_200 / (4 * 7_000)) / 3600)
+    assert [s["gpu_img_per_s"] for s in rows["webdataset"]["sides"]] == pytest.approx([10_000, 2_000])
+    assert ("measured: resnet50 step beside dali on H100-80GB: 80% of the model alone, median of 3 end-to-end "
+            "runs (70%-90%)") in rows["dali"]["sources"]
+
+    out, rows = project([e2e_row(0.95, a100)])          # the only one measured so, and said
+    assert rows["dali"]["step_share"] == pytest.approx(0.95)
+    assert any("on A100-80GB" in s and "not measured so on H100-80GB" in s for s in rows["dali"]["sources"])
+
+    out, rows = project(not_the_steps)
+    assert set(rows) == {"webdataset"}
+    assert ("no end-to-end dali figure on a GPU, and its decode takes from the step; on one, run python "
+            "tools/diagnose.py --config RECIPE data.backend=dali --results-dir benchmarks/results") in out
+
+
 @pytest.mark.parametrize("text,message", [
     ("name,gpu_count\ntest.4gpu,eight\n", "row 2: column 'gpu_count' is 'eight', not a number"),
     ("name,gpus\ntest.4gpu,8\n", "unknown column 'gpus'"),

@@ -3,7 +3,7 @@ in alternating rounds in one process, each as a share of the model alone.
 
     python tools/compare_settings.py --config RECIPE.yaml [key=value ...]
         --setting "data.hw_decoder_load=0.65" --setting "data.hw_decoder_load=1" [--setting ...]
-        [--rounds 3] [--steps 100] [--warmup 10] [--epoch 0] [--json PATH]
+        [--rounds 3] [--steps 100] [--warmup 10] [--epoch 0] [--json PATH] [--results-dir benchmarks/results]
 
 Why rounds in one process: a GPU's speed drifts over minutes, and separate runs of
 tools/diagnose.py on an H100 put one setting's model-alone figure 15% apart. Here the trainer
@@ -34,8 +34,8 @@ import string
 import sys
 from pathlib import Path
 
-from measuring import (load_measuring_config, measure, measured_run, run_one_rank, synthetic_twin,
-                       write_figures)
+from measuring import (add_results_dir_option, data_from, e2e_row, load_measuring_config, measure, measured_run,
+                       run_one_rank, synthetic_twin, write_figures)
 from pipeline import build_loader
 from training.config import ConfigError, shareable_overrides
 from training.step_stream import StepStream
@@ -55,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps before each measurement (default 10)")
     parser.add_argument("--epoch", type=int, default=0, help="the epoch measured: its resolution (default 0)")
     parser.add_argument("--json", type=Path, help="also write every figure here (atomically)")
+    add_results_dir_option(parser)
     args = parser.parse_intermixed_args(argv)
     if len(args.setting) < 2 or len(args.setting) > len(string.ascii_uppercase):
         parser.error(f"give 2 to {len(string.ascii_uppercase)} --setting options, got {len(args.setting)}")
@@ -179,6 +180,17 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
+def e2e_rows(result: dict) -> list[dict]:
+    """Each setting's medians over the rounds (as training runs); its share, the median of its paired ones."""
+    model = statistics.median(r["model_img_per_s"] for r in result["rounds"])
+    return [{"tool": "compare_settings", "as_training": True, "rounds": len(result["rounds"]),
+             **e2e_row({**result, "step_stream": s["step_stream"]},
+                       {**s["loader"], "data_from": data_from(s["loader"]["path"]), "img_per_s": s["loader_img_per_s"]},
+                       model, s["median_img_per_s"]),
+             "share_of_model": s["median_share_of_model"]}
+            for s in result["settings"]]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
 
@@ -186,7 +198,7 @@ def main(argv=None) -> int:
         settings = read_settings(args.setting, args.config, args.overrides, run_dir)
         config = load_measuring_config(args.config, args.overrides, run_dir)
         return compare(args, config, settings)
-    return run_one_rank("compare_settings.py", args, measure_run, report)
+    return run_one_rank("compare_settings.py", args, measure_run, report, e2e_rows_of=e2e_rows)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python tools/diagnose.py --config RECIPE.yaml [key=value ...] [--steps 100] [--warmup 10]
                              [--epoch 0] [--ranks-per-machine 1] [--free-running] [--json PATH]
+                             [--results-dir benchmarks/results]
 
 Takes what `training/main.py` takes (a recipe and dotted overrides; a bad config or dataset
 is one line on stderr and exit 2) and measures, in ONE process, one rank's view of the run:
@@ -61,7 +62,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.hardware import results_path, signature
-from measuring import load_measuring_config, measure, measured_run, run_one_rank, synthetic_twin
+from measuring import (add_results_dir_option, data_from, e2e_row, load_measuring_config, measure, measured_run,
+                       run_one_rank, synthetic_twin)
 from training.distributed import init_world
 from training.precision import autocast_for
 from training.trainer import Trainer
@@ -83,6 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also model alone and together without a sync per step, as training runs "
                              "(always on CUDA)")
     parser.add_argument("--json", type=Path, help="also write the figures and verdict here (atomically)")
+    add_results_dir_option(parser)
     args = parser.parse_intermixed_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.epoch < 0 or args.ranks_per_machine < 1:
         parser.error("need --steps >= 1, --warmup >= 0, --epoch >= 0, --ranks-per-machine >= 1")
@@ -278,6 +281,7 @@ def diagnose(args, config) -> dict:
                "torch_threads": torch.get_num_threads(),   # read now: FFCV sets it when its loader starts
                "ranks_per_machine": ranks, "steps": args.steps, "warmup": args.warmup, "epoch": args.epoch,
                "algorithms": list(config.algorithms), "algorithms_applied": True, "backend": spec.backend,
+               "data_from": data_from(spec.path),
                "num_workers": spec.num_workers, "batch_size": spec.batch_size, "side": loader.side,
                "resolution": list(loader.resolution), "hw_decoder_load": spec.hw_decoder_load,
                "model": config.model.name, "precision": config.precision, "channels_last": config.channels_last,
@@ -335,13 +339,22 @@ def report(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def e2e_rows(figures: dict) -> list[dict]:
+    """The together run as a share of the model alone: as training runs where measured so, else synced."""
+    timed = figures.get("free_running", figures)
+    loader = {"img_per_s": figures["loader_img_per_s"],
+              **{key: figures[key] for key in ("backend", "num_workers", "hw_decoder_load", "data_from")}}
+    return [{"tool": "diagnose", "as_training": "free_running" in figures,
+             **e2e_row(figures, loader, timed["model_img_per_s"], timed["together_img_per_s"])}]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
 
     def measure_run(run_dir: str) -> dict:
         return diagnose(args, load_measuring_config(args.config, args.overrides, run_dir))
     return run_one_rank("diagnose.py", args, measure_run, report,
-                        " (--ranks-per-machine says how many ranks share the machine)")
+                        " (--ranks-per-machine says how many ranks share the machine)", e2e_rows)
 
 
 if __name__ == "__main__":

@@ -90,8 +90,9 @@ def stages(work: Path, results: Path) -> dict:
                "--batch-size", "256", "--epochs", "1", "--results-dir", str(results)]
     models = [PY, "benchmarks/models.py", "--device", "cuda", "--warmup", "8", "--iters", "20",
               "--steps", "train", "--results-dir", str(results)]
+    # end-to-end figures also go to the results file: tools/instance_cost.py reads DALI's share of the step there
     end_to_end = [PY, "tools/diagnose.py", "--config", f"{RECIPES}/resnet50_mild.yaml", *on_large,
-                  "--steps", "100", "--warmup", "20"]
+                  "--steps", "100", "--warmup", "20", "--results-dir", str(results)]
     e2e_runs = [(f"e2e-{side}", ["--epoch", str(epoch), "compile=true"]) for side, epoch in E2E_EPOCHS.items()]
     e2e_variants = [("e2e-176-eager", ["--epoch", "35"]),
                     ("e2e-176-hw1", ["--epoch", "35", "compile=true", "data.hw_decoder_load=1"]),
@@ -101,7 +102,7 @@ def stages(work: Path, results: Path) -> dict:
     def rounds_at_176(backend: str) -> list[str]:
         return [PY, "tools/compare_settings.py", "--config", f"{RECIPES}/resnet50_mild.yaml", f"data.path={LARGE_WDS}",
                 f"data.backend={backend}", f"data.num_workers={cores}", "compile=true", "--epoch", "35",
-                "--rounds", "3", "--steps", "150", "--warmup", "20"]
+                "--rounds", "3", "--steps", "150", "--warmup", "20", "--results-dir", str(results)]
     compare = [*rounds_at_176("dali"), *[arg for setting in COMPARED_SETTINGS for arg in ("--setting", setting)],
                "--json", str(work / "e2e-compare.json")]
     # The same conversion from loopback nginx (benchmarks/loopback_servers.py): kept in the node's

@@ -7,7 +7,8 @@ instance type and loader, projected from measured throughput.
         [--json PATH] [--plot PATH.png] [--markdown PATH.md]
 
 For each instance and backend, a GPU's rate at each side the recipe trains at is the lowest of:
-- the GPU's model-bound img/s (benchmarks/models.py; else published, carried along a measured GPU's curve);
+- the GPU's model-bound img/s (benchmarks/models.py; else published, carried along a measured GPU's curve),
+  for DALI times the share of it the step keeps beside DALI's GPU decode, measured end to end;
 - what the loader delivers on the instance's vCPUs per GPU (benchmarks/loaders.py --cores), on that
   kind of CPU or a kin one;
 - from s3, the node's network share per GPU over the bytes per image.
@@ -31,8 +32,8 @@ from pathlib import Path
 
 from benchmarks.hardware import RESULTS
 from benchmarks.instance_catalog import CATALOG, CatalogError, Instance, load_catalog
-from benchmarks.measured_figures import (LOADER_ROWS, PUBLISHED, Figure, LoaderRates, ModelRates, NoFigure,
-                                         result_rows)
+from benchmarks.measured_figures import (GPU_DECODE, LOADER_ROWS, PUBLISHED, Figure, LoaderRates, ModelRates,
+                                         NoFigure, StepShares, result_rows)
 from pipeline.storage.atomic_files import write_bytes_atomic
 from training.config import ConfigError, load_config, recipe_file, shareable_overrides
 from training.projection import IMAGENET_TRAIN, IMAGENET_VAL, recipe_schedule, walk
@@ -72,7 +73,7 @@ def network_figure(instance: Instance, mean_bytes: int) -> Figure:
 
 
 def project_one(instance: Instance, backend: str, data_from: str, recipe: dict, schedule: dict, dataset: dict,
-                models: ModelRates, loaders: LoaderRates, scaling: float) -> dict:
+                models: ModelRates, loaders: LoaderRates, shares: StepShares, scaling: float) -> dict:
     """One instance x backend x data source: rates, binding side, hours and dollars; NoFigure if a figure is missing."""
     if data_from == "local":
         needed_gb = dataset["train_images"] * dataset["mean_bytes"] / 1e9
@@ -83,10 +84,19 @@ def project_one(instance: Instance, backend: str, data_from: str, recipe: dict, 
     step = {k: recipe[k] for k in ("precision", "channels_last", "compile")}
     sources: set[tuple[str, str]] = set()
     kinds: dict[str, str] = {}
+    step_share = shares.share(gpu, backend, recipe["model"]) if backend in GPU_DECODE else None
+    if step_share:
+        sources.add(("measured", step_share.source))
+
+    def gpu_figure(split: str, side: int) -> Figure:
+        model = models.rate(gpu, recipe["model"], "train" if split == "train" else "eval", side, **step,
+                            instance=instance.name)
+        if step_share is None or split != "train":      # eval: no end-to-end figure, so the model's alone
+            return model
+        return Figure(model.img_per_s * step_share.share, model.kind, model.source)
 
     def rate_at(side: int, split: str = "train") -> dict:
-        model_step = "train" if split == "train" else "eval"
-        figures = {"GPU": models.rate(gpu, recipe["model"], model_step, side, **step, instance=instance.name),
+        figures = {"GPU": gpu_figure(split, side),
                    "data": loaders.rate(instance.cpu, instance.cpu_isa, backend, split, side, instance.vcpus_per_gpu,
                                         instance.name),
                    "network": network}
@@ -118,6 +128,7 @@ def project_one(instance: Instance, backend: str, data_from: str, recipe: dict, 
                       "spot_usd_per_h": instance.spot_usd_per_h, "source": instance.price_source,
                       "date": instance.price_date},
             "gpu_source": kinds["gpu"], "loader_source": kinds["loader"],
+            "step_share": step_share.share if step_share else None,
             "sources": sorted(f"{kind}: {source}" for kind, source in sources)}
 
 
@@ -146,8 +157,9 @@ def table(rows: list[dict], projection: dict) -> str:
     lines.append("* on the Pareto front of hours and dollars. src: the GPU figure, then the loader's: M measured "
                  "on this kind of machine, K measured on a kin CPU (same family, other vector extension), "
                  "P published (the GPU never measured here)")
-    lines.append("binds: what limits the train steps (GPU: the model; data: the loader on these vCPUs; network: "
-                 "s3 over the NIC's share), with its share of the train time")
+    lines.append("binds: what limits the train steps (GPU: the model, beside dali the share of it the step keeps "
+                 "next to DALI's GPU decode; data: the loader on these vCPUs; network: s3 over the NIC's share), "
+                 "with its share of the train time")
     if projection["loader_side_methods"]:
         lines.append(f"not in the loaders' figures (plain crop and flip): this recipe's "
                      f"{' and '.join(projection['loader_side_methods'])}; its data rates are upper bounds")
@@ -246,7 +258,7 @@ def project_all(args) -> dict:
     recipe = {"model": config.model.name, "precision": config.precision, "channels_last": config.channels_last,
               "compile": config.compile}
     rows_here = result_rows(args.results_dir)
-    models, loaders = ModelRates(rows_here, args.published), LoaderRates(rows_here)
+    models, loaders, shares = ModelRates(rows_here, args.published), LoaderRates(rows_here), StepShares(rows_here)
     schedules: dict[int, dict] = {}
     rows, left_out = [], []
     for instance in instances:
@@ -257,7 +269,7 @@ def project_all(args) -> dict:
             for data_from in args.data_from:
                 try:
                     rows.append(project_one(instance, backend, data_from, recipe, schedules[instance.gpu_count],
-                                            args.dataset, models, loaders, args.scaling))
+                                            args.dataset, models, loaders, shares, args.scaling))
                 except NoFigure as missing:
                     left_out.append({"instance": instance.name, "backend": backend, "data_from": data_from,
                                      "reason": str(missing)})

@@ -6,7 +6,9 @@ loaders timed in one process, one rank's view, and their main.
 takes, events and step stream included), pass after pass over one epoch so that a resolution
 schedule stays at that epoch's size; `synthetic_twin` is the model-alone feed. `run_one_rank`
 is the tools' main: a throw-away run directory, one-line errors, the report printed and the
-figures written atomically.
+figures written atomically; with --results-dir, the end-to-end figures also go to this machine's
+results file as `e2e` rows (the step's share of the model alone beside a loader), which
+tools/instance_cost.py reads as it reads the benchmarks' rows.
 """
 from __future__ import annotations
 
@@ -21,9 +23,11 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.hardware import append_results, signature
 from pipeline import build_loader
 from pipeline.storage.atomic_files import write_bytes_atomic
 from pipeline.errors import DatasetError
+from pipeline.storage.urls import is_url
 from training.config import ConfigError, load_config, shareable_overrides
 from training.distributed import World
 from training.run import USAGE_ERROR, build_run
@@ -95,11 +99,11 @@ def load_measuring_config(recipe: str | None, overrides: list[str], run_dir: str
                                 "log.tensorboard=false"])
 
 
-def run_one_rank(tool: str, args, measure_run, report_of, hint: str = "") -> int:
+def run_one_rank(tool: str, args, measure_run, report_of, hint: str = "", e2e_rows_of=None) -> int:
     """The measuring tools' main: one rank in one process, in a run directory thrown away after;
     a config or dataset fault is one line on stderr and exit 2; the report printed, and the
-    figures written atomically to --json with the recipe and overrides they came from.
-    `measure_run(run_dir)` returns the figures."""
+    figures written atomically to --json with the recipe and overrides they came from, and as
+    `e2e_rows_of(figures)` to --results-dir. `measure_run(run_dir)` returns the figures."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if int(os.environ.get("WORLD_SIZE", 1)) > 1:
@@ -111,7 +115,26 @@ def run_one_rank(tool: str, args, measure_run, report_of, hint: str = "") -> int
         return USAGE_ERROR
     print(report_of(figures), flush=True)
     write_figures(args, figures)
+    if e2e_rows_of and args.results_dir:
+        rows = [{"benchmark": "e2e", "cores": len(os.sched_getaffinity(0)), **row} for row in e2e_rows_of(figures)]
+        print(f"end-to-end figures added to {append_results(rows, signature(), args.results_dir)}", flush=True)
     return 0
+
+
+def add_results_dir_option(parser) -> None:
+    parser.add_argument("--results-dir", type=Path, help="also add the end-to-end figures, as `e2e` rows, to this "
+                        "machine's results file in this folder (benchmarks/results: tools/instance_cost.py reads it)")
+
+
+def e2e_row(about: dict, loader: dict, model_img_per_s: float, together_img_per_s: float) -> dict:
+    """One `e2e` row: what was run (`about`: the step's settings; `loader`: its spec's fields, where
+    it read from and its rate alone), and the step's rate beside it as a share of the model alone."""
+    return {**{key: about[key] for key in ("device", "model", "precision", "channels_last", "compile", "batch_size",
+                                            "steps", "step_stream")},
+            "resolution": about["side"], "backend": loader["backend"], "num_workers": loader["num_workers"],
+            "hw_decoder_load": loader["hw_decoder_load"], "data_from": loader["data_from"],
+            "loader_img_per_s": loader["img_per_s"], "model_img_per_s": model_img_per_s,
+            "together_img_per_s": together_img_per_s, "share_of_model": round(together_img_per_s / model_img_per_s, 4)}
 
 
 def write_figures(args, figures: dict) -> None:
@@ -119,3 +142,8 @@ def write_figures(args, figures: dict) -> None:
     if args.json:
         figures = {**figures, "recipe": args.config, "overrides": shareable_overrides(args.overrides)}
         write_bytes_atomic(args.json, (json.dumps(figures, indent=2) + "\n").encode())
+
+
+def data_from(path) -> str:
+    """Where a loader reads: `url` (object store or HTTP) or `local`."""
+    return "url" if is_url(path) else "local"
