@@ -34,10 +34,11 @@ Stages, each a subprocess with its own time limit (a hang fails one stage, the r
   memory as a dataset larger than the cache is; the report checks each against 97% of local
   disk's share. Under `taskset -c 0-7` every stage sizes its workers to those 8 cores, and this
   one's figures are kept per core count;
-- scaling: the engine and DALI `mixed` at train 176 pinned to 2, 4, 8 and 16 vCPUs
-  (benchmarks/loaders.py --cores), then resnet50_mild's last epoch end to end (eager, the
-  engine) with the whole run pinned to 4, 8 and 16; the report sets each against what
-  tools/instance_cost.py projects from the curve and the model-bound rate (target: within 10%);
+- scaling: ResNet-50's bf16 train step alone at 176, the engine and DALI `mixed` at train 176
+  pinned to 2, 4, 8 and 16 vCPUs (benchmarks/loaders.py --cores), then resnet50_mild's last
+  epoch end to end (eager, the engine) with the whole run pinned to 4, 8 and 16; the report sets
+  each against what tools/instance_cost.py projects from the curve and the model-bound rate
+  (target: within 10%);
 - train: a short resnet50_mild run on photos-large (2 epochs, then resumed to a 3rd): the
   loss must fall and the resumed run must continue from the checkpoint;
 - report: a summary of all of it in RESULTS_DIR/report/gpu-check-<machine>.md, also printed
@@ -115,11 +116,14 @@ def stages(work: Path, results: Path) -> dict:
               "--setting", f"data.backend=webdataset data.path={served}",
               "--setting", f"data.backend=webdataset data.path={served} data.cache_limit={REMOTE_STREAMED_LIMIT}",
               "--json", str(work / f"e2e-remote-{cores}c.json")]
-    # How the loaders scale with vCPUs (benchmarks/loaders.py --cores), then resnet50_mild's last
-    # epoch end to end with the whole process pinned to 4, 8 and 16 of them, eager, fed by the engine.
+    # The model-bound rate the projection takes (so that the stage stands alone on a GPU never
+    # measured), how the loaders scale with vCPUs (benchmarks/loaders.py --cores), then resnet50_mild's
+    # last epoch end to end with the whole process pinned to 4, 8 and 16 of them, eager, fed by the engine.
     pinned = [n for n in SCALING_CORES if n <= int(cores)]
     curve = sorted({2, *pinned})
-    scaling = [([PY, "benchmarks/loaders.py", "--source", LARGE, "--device", "cuda", "--batch-size", "256",
+    scaling = [([*models, "--models", "resnet50", "--resolutions", "176", "--precisions", "bf16",
+                 "--channels-last", "on", "--compile", "off"], 90)]
+    scaling += [([PY, "benchmarks/loaders.py", "--source", LARGE, "--device", "cuda", "--batch-size", "256",
                  "--epochs", "1", "--results-dir", str(results), "--backends", "webdataset,dali-wds",
                  "--splits", "train", "--resolutions", "176", "--cores", ",".join(map(str, curve))], 540)]
     scaling += [(["taskset", "-c", ",".join(map(str, cpus_by_core()[:n])), *end_to_end, "--epoch", "35",
