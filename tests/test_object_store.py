@@ -242,8 +242,10 @@ class Silent:
                 return
 
     def close(self):
+        import socket
         for connection in self.connections:
             connection.close()
+        self.socket.shutdown(socket.SHUT_RDWR)      # wakes the accepting thread, which close alone leaves waiting
         self.socket.close()
 
 
