@@ -146,9 +146,10 @@ def test_a_killed_upload_leaves_no_manifest_and_the_rerun_resumes(sample_sets, b
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:
+    """The error: one line, after the one naming the source's form."""
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
-    return lines[0]
+    assert result.returncode == 2 and len(lines) == 2 and "ImageNet-layout folder" in lines[0], result.stderr[-3000:]
+    return lines[1]
 
 
 @pytest.mark.timeout(120)

@@ -218,7 +218,9 @@ def test_missing_or_empty_source_is_a_one_line_error(script, tmp_path, caplog):
         assert len(lines) == 1 and str(src) in lines[0] and lines[0].startswith("error: "), lines
     (tmp_path / "layout/train/cat").mkdir(parents=True)
     code, lines = command_in_process(script, caplog, tmp_path / "layout", tmp_path / "out")
-    assert code == 2 and len(lines) == 1 and "val" in lines[0], lines
+    # The first line names the form found, the last says what it lacks
+    assert code == 2 and len(lines) == 2 and "ImageNet-layout folder" in lines[0], lines
+    assert lines[1].startswith("error: ") and "val" in lines[1], lines
 
 
 def tree_digest(folder: Path) -> dict[str, str]:

@@ -67,7 +67,7 @@ def test_a_changed_source_is_refused_and_nothing_is_written(source, tmp_path, ca
     next((source / "train" / "Coat").iterdir()).unlink()
     code, _, err = check(capsys, out, "--repair", source, "--num-workers", "1")
     [line] = [line for line in err.splitlines() if line.startswith("error:")]      # the rest is progress
-    assert code == 2 and line.startswith(f"error: {source / 'train'}: ") and "convert the whole dataset again" in line
+    assert code == 2 and line.startswith(f"error: {source}: ") and "convert the whole dataset again" in line
     assert files_of(out) == damaged
 
 

@@ -13,7 +13,7 @@ import pytest
 import verify_dataset
 from conftest import as_converted_before_checksums
 from benchmarks.loopback_servers import Nginx
-from pipeline.convert.wds import sample_checksum
+from pipeline.formats.wds_shards import sample_checksum
 from pipeline.formats.manifest import MANIFEST_VERSION
 from pipeline.formats.converted import read_local_converted
 from pipeline.shards.index import StoredShards

@@ -6,7 +6,7 @@ recorded (the CRC-32 of its image and label bytes, `shard-NNNNNN.crc32` beside e
 
 Prints progress, then a summary and every damaged file and sample (`TAR:KEY`, as the loaders name
 them). Exit code 0: clean; 1: damaged; 2: not a dataset this can read (one line naming it).
-`--repair SRC` then converts the damaged shards again from SRC, the folder the dataset was converted
+`--repair SRC` then converts the damaged shards again from SRC, the source the dataset was converted
 from (pipeline/convert/repair.py), checks them again, and exits 0 once they are sound. A dataset
 converted before per-sample checksums is checked file by file, with one line saying its samples
 are unchecked. An FFCV `.beton` is checked against its sha256 and each of its samples against its
@@ -22,7 +22,6 @@ import os
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -33,7 +32,8 @@ from pipeline.convert.repair import SHARD_FILES, rebuild_beton, rebuild_shards
 from pipeline.convert.upload import UPLOAD_SCHEMES, Destination
 from pipeline.errors import FAILS_CHECKSUM, DatasetError
 from pipeline.formats.beton_checksums import BetonLayoutError, damaged_samples as damaged_beton_samples
-from pipeline.formats.converted import CONVERTERS, IMAGE_MEMBER, LABEL_MEMBER
+from pipeline.formats.converted import CONVERTERS
+from pipeline.formats.wds_shards import IMAGE_MEMBER, LABEL_MEMBER, ShardRecord, index_rows, sample_checksum
 from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest, write_manifest
 from pipeline.progress import Progress
 from pipeline.storage.atomic_files import FULL_DISK
@@ -112,12 +112,9 @@ def file_problem(data: bytes | None, size: int | None, sha256: str | None) -> st
 
 
 def index_members(text: str) -> list[tuple[str, int, int, int]]:
-    """(key, image offset, image size, label offset) per sample of a DALI-style index."""
+    """(key, image offset, image size, label offset) per sample of a shard's index."""
     samples = []
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        members = {ext: (int(start), int(size), name) for ext, start, size, name in
-                   zip(fields[0::4], fields[1::4], fields[2::4], fields[3::4])}
+    for members in index_rows(text):
         image_at, image_size, name = members[IMAGE_MEMBER]
         samples.append((name.rsplit(".", 1)[0], image_at, image_size, members[LABEL_MEMBER][0]))
     return samples
@@ -129,7 +126,7 @@ def damaged_samples(tar: bytes, members, checksums: np.ndarray) -> list[tuple[st
     for (key, image_at, image_size, label_at), recorded in zip(members, checksums.tolist()):
         if max(image_at + image_size, label_at + 4) > len(tar):
             found.append((key, "past the end of the tar (truncated)"))
-        elif zlib.crc32(tar[label_at:label_at + 4], zlib.crc32(tar[image_at:image_at + image_size])) != recorded:
+        elif sample_checksum(tar[image_at:image_at + image_size], tar[label_at:label_at + 4]) != recorded:
             found.append((key, FAILS_CHECKSUM))
     return found
 
@@ -192,15 +189,12 @@ def check_beton(source, record: dict, report: dict) -> None:
 
 
 def check_shard(source, split: str, shard: dict, report: dict) -> None:
-    tar_name = f"{split}/{shard['tar']}"
-    tar = check_file(source, tar_name, shard.get("bytes"), shard.get("sha256"), report)
-    index = check_file(source, f"{split}/{shard['index']}", shard.get("index_bytes"), shard.get("index_sha256"), report)
-    report["samples"] += shard["count"]
-    if "checksums" not in shard or tar is None or index is None:
-        return
-    checksums = check_file(source, f"{split}/{shard['checksums']}", shard.get("checksums_bytes"),
-                           shard.get("checksums_sha256"), report)
-    if checksums is None or len(checksums) != 4 * shard["count"]:
+    record = ShardRecord.from_dict(shard)
+    read = {kind: check_file(source, f"{split}/{file.name}", file.bytes, file.sha256, report)
+            for kind, file in record.files().items()}
+    report["samples"] += record.count
+    tar_name, tar, index, checksums = f"{split}/{record.tar.name}", read["tar"], read["index"], read.get("checksums")
+    if checksums is None or tar is None or index is None or len(checksums) != 4 * record.count:
         return
     try:
         members = index_members(bytes(index).decode("ascii"))
@@ -223,7 +217,7 @@ def summary(report: dict, seconds: float) -> list[str]:
     return lines
 
 
-def repair(source, manifest: dict, units: list[tuple], src: Path, num_workers: int) -> list[str]:
+def repair(source, manifest: dict, units: list[tuple], src: str, num_workers: int) -> list[str]:
     """Convert the damaged `units` again from SRC (pipeline/convert/repair.py) into the dataset, in
     place or through a local staging folder into its bucket, the manifest last and only if a record
     changed; the files rewritten."""
@@ -253,9 +247,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="a converted dataset: a folder, or an s3://, gs:// or http(s):// URL")
     parser.add_argument("--splits", help="comma-separated (default: every split of the manifest)")
-    parser.add_argument("--repair", metavar="SRC", type=Path,
-                        help="convert the damaged shards (an FFCV split: its .beton) again from SRC, the image folder "
-                             "the dataset was converted from, in place or into its bucket, the manifest last")
+    parser.add_argument("--repair", metavar="SRC",
+                        help="convert the damaged shards (an FFCV split: its .beton) again from SRC, the source the "
+                             "dataset was converted from (a folder or URL, read in the form its manifest records), in "
+                             "place or into its bucket, the manifest last")
     parser.add_argument("--num-workers", type=int, default=os.cpu_count() or 1, help="--repair's worker processes")
     args = parser.parse_args(argv)
     started = time.perf_counter()

@@ -1,9 +1,11 @@
-"""Convert an ImageNet-layout folder to FFCV: OUT/train.beton, OUT/val.beton, OUT/manifest.json.
+"""Convert a dataset, in any form a source reads (pipeline/convert/sources/), to FFCV: OUT/train.beton,
+OUT/val.beton, OUT/manifest.json.
 
     python pipeline/convert/ffcv.py SRC OUT [--max-resolution 512] [--write-mode jpg] ...
 
 Fields: `image` (RGBImageField) and `label` (IntField, index into the manifest's classes).
-Options follow ffcv-imagenet's writer. Files that do not decode are found by a cheap
+Options follow ffcv-imagenet's writer. Samples are stored in the source's order, each of FFCV's
+workers reading a block of neighbours at once. Samples that do not decode are found by a cheap
 first pass (JPEG at 1/8 scale) and left out, because FFCV's writer waits forever for a
 worker that raised; should a file still fail in the writer, it is written as a 1x1
 placeholder, and the split is written again without it, so no placeholder is ever kept.
@@ -28,44 +30,59 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.convert.cli import common_parser, main_guard
+from pipeline.convert.cli import common_parser, main_guard, run_options
 from pipeline.convert.errors import ConversionError, ConversionFault
-from pipeline.convert.images import describe_failure, load_rgb, probe
-from pipeline.convert.parallel import parallel_map
+from pipeline.convert.images import UnusableFile, describe_failure, load_rgb, probe
+from pipeline.convert.options import WRITE_MODES, FfcvOptions, RunOptions
+from pipeline.convert.parallel import map_samples
+from pipeline.convert.sources import Missing, Source
 from pipeline.convert.splits import SplitResult, run_conversion
 from pipeline.convert.upload import sha256_file
 from pipeline.formats.beton_checksums import SAMPLE_CHECKSUM, MappedFile, read_layout, sample_checksums
 from pipeline.storage.atomic_files import replace_atomically, write_bytes_atomic
-from pipeline.formats.imagefolder import Sample, Skipped
+from pipeline.formats.imagefolder import Skipped
 from pipeline.progress import Progress
 
 log = logging.getLogger(__name__)
 
-WRITE_MODES = ("raw", "jpg", "smart", "proportion")
 
-
-class FolderForWriter:
-    """The indexable dataset FFCV's writer pulls from: (RGB uint8 array, label) per index.
+class SourceForWriter:
+    """The indexable dataset FFCV's writer pulls from: (RGB uint8 array, label) per index, the
+    source's samples `indices`. FFCV's workers take indices in runs of its chunk size, so a
+    worker's first look at a run reads the whole run at once.
 
     Never raises: a failure is appended to `failure_log` (one `index<TAB>reason` line, an
     append of under PIPE_BUF bytes, so lines from several workers do not interleave) and a
     1x1 placeholder takes the sample's place.
     """
 
-    def __init__(self, samples: list[Sample], max_resolution: int | None, failure_log: str):
-        self.samples, self.max_resolution, self.failure_log = samples, max_resolution, failure_log
+    def __init__(self, source: Source, split: str, indices: np.ndarray, max_resolution: int | None,
+                 failure_log: str, read_ahead: int):
+        self.source, self.split, self.indices = source, split, indices
+        self.labels = source.entries(split).labels
+        self.max_resolution, self.failure_log, self.read_ahead = max_resolution, failure_log, read_ahead
+        self.held_from, self.held = 0, []
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.indices)
+
+    def _bytes(self, index: int):
+        if not self.held_from <= index < self.held_from + len(self.held):
+            self.held_from = index
+            self.held = self.source.read(self.split, self.indices[index:index + self.read_ahead])
+        return self.held[index - self.held_from]
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
-        sample = self.samples[index]
+        label = int(self.labels[self.indices[index]])
         try:
-            return load_rgb(sample.path, self.max_resolution), sample.label
+            data = self._bytes(index)
+            if isinstance(data, Missing):
+                raise UnusableFile(data.reason)
+            return load_rgb(data, self.max_resolution), label
         except Exception as error:  # noqa: BLE001 - see the class docstring
             with open(self.failure_log, "a", encoding="utf-8") as log:
                 log.write(f"{index}\t{describe_failure(error)}\n")
-            return np.zeros((1, 1, 3), np.uint8), sample.label
+            return np.zeros((1, 1, 3), np.uint8), label
 
 
 _worker_log: str | None = None      # while FFCV writes, where its forked workers' stderr goes
@@ -125,9 +142,10 @@ def _worker_failure_raised():
             signal.signal(signal.SIGUSR2, previous)
 
 
-def write_beton(args, samples: list[Sample], path: Path, desc: str) -> list[tuple[int, str]]:
-    """Write samples to path with FFCV's DatasetWriter, its progress headed `desc`; the (index,
-    reason) of failed samples."""
+def write_beton(options: FfcvOptions, run: RunOptions, source: Source, split: str, indices: np.ndarray, path: Path,
+                desc: str) -> list[tuple[int, str]]:
+    """Write the source's samples `indices` to path with FFCV's DatasetWriter, its progress headed
+    `desc`; the (position in indices, reason) of failed samples."""
     import pipeline.formats.ffcv_import  # noqa: F401 - first: FFCV without its typed-dict compile
     import ffcv.writer
     from ffcv.fields import IntField, RGBImageField
@@ -137,16 +155,17 @@ def write_beton(args, samples: list[Sample], path: Path, desc: str) -> list[tupl
     # (pipeline/progress.py). It calls only tqdm(total=...), update() and close().
     ffcv.writer.tqdm = lambda total: Progress(total, desc, unit="img")
 
-    image_field = RGBImageField(write_mode=args.write_mode, max_resolution=args.max_resolution or None,
-                                smart_threshold=args.smart_threshold, jpeg_quality=args.jpeg_quality,
-                                compress_probability=args.compress_probability)
+    image_field = RGBImageField(write_mode=options.write_mode, max_resolution=options.max_resolution or None,
+                                smart_threshold=options.smart_threshold, jpeg_quality=options.jpeg_quality,
+                                compress_probability=options.compress_probability)
     with tempfile.NamedTemporaryFile("r", suffix=".failures", dir=path.parent, delete=True) as log:
-        dataset = FolderForWriter(samples, args.max_resolution or None, log.name)
+        dataset = SourceForWriter(source, split, indices, options.max_resolution or None, log.name,
+                                  options.chunk_size)
         writer = DatasetWriter(str(path), {"image": image_field, "label": IntField()},
-                               num_workers=args.num_workers)
+                               num_workers=run.num_workers)
         try:
             with _worker_failure_raised():
-                writer.from_indexed_dataset(dataset, chunksize=args.chunk_size)
+                writer.from_indexed_dataset(dataset, chunksize=options.chunk_size)
         except (OSError, ConversionFault):
             shared = getattr(writer, "metadata_sm", None)      # FFCV frees it only when it finishes
             if shared is not None:
@@ -156,28 +175,33 @@ def write_beton(args, samples: list[Sample], path: Path, desc: str) -> list[tupl
         return [(int(index), reason) for index, reason in (line.rstrip("\n").split("\t", 1) for line in log)]
 
 
-def convert_split(args, split: str, samples: list[Sample], out: Path) -> SplitResult:
-    reasons = list(parallel_map(probe, [s.path for s in samples], args.num_workers, f"{split}: checking"))
-    skipped = [Skipped(s.path, reason) for s, reason in zip(samples, reasons) if reason]
-    good = [s for s, reason in zip(samples, reasons) if not reason]
+def convert_split(options: FfcvOptions, run: RunOptions, source: Source, split: str, out: Path) -> SplitResult:
+    skipped, good = [], []
+    for index, reason in map_samples(source, split, probe, run.num_workers, f"{split}: checking"):
+        if reason:
+            skipped.append(Skipped(source.name(split, index), reason.reason if isinstance(reason, Missing) else reason,
+                                   index))
+        else:
+            good.append(index)
+    good = np.array(good, np.int64)
     final = out / f"{split}.beton"
     tmp = out / f".{split}.beton.tmp-{os.getpid()}"
     try:
         for attempt in (1, 2):
-            if not good:
+            if not len(good):
                 break
             log.info("%s: writing %d samples to %s", split, len(good), final)
-            failures = write_beton(args, good, tmp, f"{split}: writing")
+            failures = write_beton(options, run, source, split, good, tmp, f"{split}: writing")
             if not failures:
                 break
             if attempt == 2:
                 raise ConversionError(f"{final}: samples kept failing in FFCV's writer: "
-                                      f"{[good[i].path for i, _ in failures][:5]}")
-            log.warning("%s: %d files failed only in the writer; writing again without them", split, len(failures))
+                                      f"{[source.name(split, int(good[i])) for i, _ in failures][:5]}")
+            log.warning("%s: %d samples failed only in the writer; writing again without them", split, len(failures))
             failed = {i for i, _ in failures}
-            skipped += [Skipped(good[i].path, reason) for i, reason in failures]
-            good = [s for i, s in enumerate(good) if i not in failed]
-        if not good:
+            skipped += [Skipped(source.name(split, int(good[i])), reason, int(good[i])) for i, reason in failures]
+            good = np.array([index for i, index in enumerate(good) if i not in failed], np.int64)
+        if not len(good):
             log.warning("warning: %s: no decodable images; %s not written", split, final.name)
             return SplitResult(0, skipped)
         checksums = write_checksums(tmp, out / f"{split}.crc32")
@@ -209,11 +233,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --write-mode proportion: share of images stored as JPEG")
     parser.add_argument("--chunk-size", type=int, default=100, help="samples per writer work item")
     args = parser.parse_args(argv)
-    if not 0 <= args.compress_probability <= 1:
-        raise ConversionError(f"--compress-probability must be in [0, 1], got {args.compress_probability}")
-    if args.chunk_size < 1:
-        raise ConversionError(f"--chunk-size must be >= 1, got {args.chunk_size}")
-    return run_conversion(args, "ffcv", ("ffcv", "numba"), convert_split)
+    run = run_options(args)
+    options = FfcvOptions(max_resolution=args.max_resolution, jpeg_quality=args.jpeg_quality,
+                          write_mode=args.write_mode, smart_threshold=args.smart_threshold,
+                          compress_probability=args.compress_probability, chunk_size=args.chunk_size)
+    return run_conversion(run, options, "ffcv", ("ffcv", "numba"), convert_split)
 
 
 def command(argv: list[str] | None = None) -> None:

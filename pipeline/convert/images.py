@@ -1,5 +1,5 @@
-"""The converters' image handling: open a file as a sample or say why it cannot be one, decode
-it to RGB pixels (EXIF rotation applied, shrunk to --max-resolution with FFCV's size rule),
+"""The converters' image handling, on a sample's bytes from any source: open them as an image or
+say why they cannot be one, decode them to RGB pixels (EXIF rotation applied, shrunk to --max-resolution with FFCV's size rule),
 encode JPEGs as FFCV's writer does, and tell an RGB JPEG that can be stored unchanged.
 
 Policy for bad input: everything decodable is converted; everything else is a skip with a
@@ -7,7 +7,7 @@ one-line reason (`describe_failure`), never a stop.
 """
 from __future__ import annotations
 
-import os
+import io
 import warnings
 
 import cv2
@@ -21,10 +21,10 @@ class UnusableFile(Exception):
     """One file cannot be a sample; the message is the reason recorded for it."""
 
 
-def open_image(path: str) -> Image.Image:
-    if os.path.getsize(path) == 0:
+def open_image(data: bytes) -> Image.Image:
+    if len(data) == 0:
         raise UnusableFile("empty file (0 bytes)")
-    return Image.open(path)
+    return Image.open(io.BytesIO(data))
 
 
 def target_size(width: int, height: int, max_resolution: int | None) -> tuple[int, int]:
@@ -52,7 +52,7 @@ def usable_as_is(image: Image.Image, max_resolution: int | None) -> bool:
             and target_size(width, height, max_resolution) == (width, height))
 
 
-def load_rgb(path: str, max_resolution: int | None = None) -> np.ndarray:
+def load_rgb(data: bytes, max_resolution: int | None = None) -> np.ndarray:
     """Decode any Pillow-readable image to (H, W, 3) uint8 RGB, EXIF rotation applied, shrunk
     to max_resolution.
 
@@ -63,7 +63,7 @@ def load_rgb(path: str, max_resolution: int | None = None) -> np.ndarray:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        with open_image(path) as image:
+        with open_image(data) as image:
             width, height, orientation = oriented_size(image)
             out_w, out_h = target_size(width, height, max_resolution)
             if image.format == "JPEG" and (out_w, out_h) != (width, height):
@@ -97,8 +97,8 @@ def describe_failure(error: BaseException) -> str:
     return f"decode failed: {text}"
 
 
-def probe(path: str) -> str | None:
-    """None when the file decodes completely, else the reason it cannot be used.
+def probe(data: bytes) -> str | None:
+    """None when the bytes decode completely, else the reason it cannot be used.
 
     Decodes JPEGs at 1/8 scale: the whole entropy-coded stream is still read, so truncation
     shows, at a fraction of the cost of a full decode.
@@ -106,7 +106,7 @@ def probe(path: str) -> str | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with open_image(path) as image:
+            with open_image(data) as image:
                 if image.format == "JPEG":
                     image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
                 image.load()

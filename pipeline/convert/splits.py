@@ -1,21 +1,20 @@
-"""The conversion of an ImageNet-layout folder, split by split, that both converters run
-(`run_conversion`): scan SRC, convert each split that is not up to date with the converter's
-own `convert_split`, and write the manifest (pipeline/formats/manifest.py) last. With an s3:// or gs://
-OUT, all of that happens in a local staging folder, which is then uploaded (pipeline/convert/upload.py).
+"""The conversion of a source, split by split, that both converters run (`run_conversion`): find
+the form SRC holds (pipeline/convert/sources/), convert each split that is not up to date with the
+converter's own `convert_split`, and write the manifest (pipeline/formats/manifest.py) last. With an
+s3:// or gs:// OUT, all of that happens in a local staging folder, which is then uploaded
+(pipeline/convert/upload.py).
 
 Outputs are written under temporary names and renamed into place by `convert_split`, and the
 manifest is written after them, so an output that has a manifest is complete; a split whose
-source files and options are unchanged since the manifest was written is not converted again,
-and a manifest that would say nothing new is left as it is. The manifest records each output
-file's size and sha256.
-Files that cannot be samples are skipped, listed with their reason in the manifest and on
+source and options are unchanged since the manifest was written is not converted again, and a
+manifest that would say nothing new is left as it is. The manifest records each output file's size
+and sha256, the source's form and a fingerprint of each split's source.
+Samples that cannot be used are skipped, listed with their reason in the manifest and on
 stderr; the run never stops half-way.
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import hashlib
 import json
 import logging
 import os
@@ -24,13 +23,16 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
-from pipeline.convert.cli import check_common_args
+import numpy as np
+
 from pipeline.convert.errors import ConversionError, ConversionFault
+from pipeline.convert.options import ImageOptions, RunOptions
+from pipeline.convert.sources import Source, open_source
 from pipeline.convert.upload import add_checksums, open_destination
 from pipeline.storage.atomic_files import check_writable
-from pipeline.formats.imagefolder import LayoutError, Sample, Skipped, empty_classes, find_classes, scan_split
+from pipeline.formats.imagefolder import Skipped
 from pipeline.formats.manifest import MANIFEST, MANIFEST_VERSION, ManifestError, read_manifest, write_manifest
 
 log = logging.getLogger(__name__)
@@ -46,15 +48,6 @@ def library_versions(*names: str) -> dict[str, str]:
     return versions
 
 
-def source_fingerprint(samples: Iterable[Sample]) -> str:
-    """Changes when any file of the split is added, removed, resized or touched."""
-    digest = hashlib.sha256()
-    for sample in samples:
-        stat = os.stat(sample.path)
-        digest.update(f"{sample.relpath}\0{sample.label}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
-
-
 @dataclass
 class SplitResult:
     count: int                                  # samples a reader will read back
@@ -68,88 +61,81 @@ def report_skips(skipped: list[Skipped]) -> None:
         log.warning("skipped %s: %s", skip.path, skip.reason)
 
 
-# Options that do not change what is written: a manifest from a run that differed only in
-# these is still up to date.
-NON_OUTPUT_PARAMS = ("splits", "num_workers", "strict")
-# Options not recorded at all: where the output goes, and how.
-UNRECORDED_PARAMS = ("src", "out", "force", "staging", "upload_workers")
+def run_conversion(run: RunOptions, options: ImageOptions, format_name: str, libraries: tuple[str, ...],
+                   convert_split: Callable[[ImageOptions, RunOptions, Source, str, Path], SplitResult]) -> int:
+    """Find SRC's form, convert each split with `convert_split`, write the manifest; the exit code.
 
-
-def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[str, ...],
-                   convert_split: Callable[[argparse.Namespace, str, list[Sample], Path], SplitResult]) -> int:
-    """Scan SRC, convert each split with `convert_split`, write the manifest; the exit code.
-
-    `convert_split(args, split, samples, out)` writes its outputs under temporary names and
-    renames them into place before it returns; the manifest, written last, marks completion.
-    Splits converted by an earlier run into the same OUT with the same classes and options
-    stay in the manifest; a split whose source files are unchanged is not converted again.
-    An s3:// or gs:// OUT is checked first, then converted in a staging folder and uploaded.
+    `convert_split(options, run, source, split, out)` writes its outputs under temporary names
+    and renames them into place before it returns; the manifest, written last, marks completion.
+    Splits converted by an earlier run into the same OUT with the same classes and options stay
+    in the manifest; a split whose source is unchanged is not converted again. An s3:// or gs://
+    OUT is checked first, then converted in a staging folder and uploaded.
     """
-    check_common_args(args)
-    destination = open_destination(args, format_name)
-    src, out = args.src, args.out
-    if not src.is_dir():
-        raise ConversionError(f"{src}: source folder does not exist")
-    if src.resolve() == out.resolve() or out.resolve() in src.resolve().parents:
-        raise ConversionError(f"{out}: output folder must not contain the source folder")
-    try:
-        classes = find_classes(src, args.splits)
-    except LayoutError as error:
-        raise ConversionError(str(error)) from None
-    scans = {split: scan_split(src, split, classes) for split in args.splits}
-    if not any(samples for samples, _ in scans.values()):
-        raise ConversionError(f"{src}: no image files under {', '.join(args.splits)}")
-
-    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items())
-              if k not in UNRECORDED_PARAMS}
-    output_params = {k: v for k, v in params.items() if k not in NON_OUTPUT_PARAMS}
-    check_out_folder(out)
+    splits = list(run.splits)
+    source = open_source(run.src, run.source, splits)
+    log.info("%s", source.describe())
+    for note in source.notes():
+        log.info("%s", note)
+    source.check_splits(splits)
+    destination, out = open_destination(run, format_name)
+    if not source.files.remote:
+        src = Path(run.src).resolve()
+        if src == out.resolve() or out.resolve() in src.parents:
+            raise ConversionError(f"{out}: output folder must not contain the source folder")
+    check_out_folder(out, create=False)
+    classes = source.classes(splits)
+    source.use_classes(classes)
+    where_from = source.files.root if source.files.remote else str(Path(run.src).resolve())
+    record = {"format": format_name, "classes": classes, "params": options.params(), "source": where_from,
+              "source_form": source.form, "source_options": run.source.recorded()}
     previous = previous_manifest(out)
     kept: dict[str, dict] = {}
     # A split is kept only from a manifest of this version: an older converter's records lack what this one
     # writes (a webdataset split's per-sample checksums, say), and "convert again" must add it.
-    if previous and previous.get("format") == format_name and previous.get("classes") == classes \
-            and previous.get("output_params") == output_params and previous.get("source") == str(src.resolve()) \
-            and previous.get("manifest_version") == MANIFEST_VERSION:
-        kept = {split: copy.deepcopy(record) for split, record in previous["splits"].items()
-                if all((out / f).exists() for f in record["files"])}
+    if previous and previous.get("manifest_version") == MANIFEST_VERSION and recorded_as(previous) == record:
+        kept = {split: copy.deepcopy(done) for split, done in previous["splits"].items()
+                if all((out / f).exists() for f in done["files"])}
 
-    started, converted = time.perf_counter(), 0
-    for split, (samples, name_skips) in scans.items():
-        fingerprint = source_fingerprint(samples)
-        if not args.force and kept.get(split, {}).get("source_fingerprint") == fingerprint:
+    fingerprints = {split: source.fingerprint(split) for split in splits}
+    todo = [split for split in splits if run.force or kept.get(split, {}).get("source_fingerprint") != fingerprints[split]]
+    for split in splits:
+        if split not in todo:
             log.info("%s: %s is up to date (%d samples); --force converts again", out, split, kept[split]["count"])
-            continue
-        report_skips(name_skips)
-        missing_classes = empty_classes(samples, classes)
+    # Every split is read before anything is written: a source's errors are met with OUT untouched
+    if todo and not sum(len(source.entries(split)) for split in todo):
+        raise ConversionError(f"{source.files.root}: no image files in {', '.join(todo)}")
+    check_out_folder(out)
+    started, converted = time.perf_counter(), 0
+    for split in todo:
+        entries = source.entries(split)
+        report_skips(entries.skipped)
+        missing_classes = empty_classes(entries.labels, classes)
         if missing_classes:
-            log.warning("warning: %s: no images for classes %s", src / split, missing_classes)
+            log.warning("warning: %s: no images for classes %s", split, missing_classes[:20])
         try:
-            result = convert_split(args, split, samples, out)
+            result = convert_split(options, run, source, split, out)
         except OSError as error:
             raise ConversionFault(f"{out}: {describe_os_error(error)} while writing the {split} split; its partial "
                                   f"output was removed and outputs of earlier runs are intact") from None
         report_skips(result.skipped)
-        converted += len(samples)
-        kept[split] = {"count": result.count, "files": result.files, "source_fingerprint": fingerprint,
+        converted += len(entries)
+        kept[split] = {"count": result.count, "files": result.files, "source_fingerprint": fingerprints[split],
                        "empty_classes": missing_classes,
-                       "skipped": [s.as_dict() for s in name_skips + result.skipped], **result.extra}
+                       "skipped": [s.as_dict() for s in entries.skipped + result.skipped], **result.extra}
     elapsed = time.perf_counter() - started
 
-    splits = {split: kept[split] for split in sorted(kept)}
-    for split, record in splits.items():
-        add_checksums(split, record, out)
-    skipped = [{**skip, "split": split} for split, record in splits.items() for skip in record["skipped"]]
+    splits_done = {split: kept[split] for split in sorted(kept)}
+    for split, done in splits_done.items():
+        add_checksums(split, done, out)
+    skipped = [{**skip, "split": split} for split, done in splits_done.items() for skip in done["skipped"]]
+    names = source.class_names(splits)
     content = {
-        "format": format_name,
-        "classes": classes,
-        "counts": {split: record["count"] for split, record in splits.items()},
+        **record,
+        **({"class_names": names} if names else {}),
+        "counts": {split: done["count"] for split, done in splits_done.items()},
         "skipped": skipped,
-        "params": params,
-        "output_params": output_params,
-        "source": str(src.resolve()),
         "versions": library_versions(*libraries),
-        "splits": splits,
+        "splits": splits_done,
     }
     # A manifest that says nothing new is kept, date and all, so an upload finds it already there.
     if converted or not previous or not same_content(previous, content):
@@ -161,10 +147,26 @@ def run_conversion(args: argparse.Namespace, format_name: str, libraries: tuple[
                                   "room") from None
     rate = f", {converted / elapsed:.0f} img/s" if converted else ""
     log.info("%s: %s, %d classes, %s, %d skipped%s", out, format_name, len(classes),
-             ", ".join(f"{split} {record['count']}" for split, record in splits.items()), len(skipped), rate)
+             ", ".join(f"{split} {done['count']}" for split, done in splits_done.items()), len(skipped), rate)
     if destination:
         destination.upload(out)
-    return 1 if args.strict and any(splits[s]["skipped"] for s in args.splits) else 0
+    return 1 if run.strict and any(splits_done[s]["skipped"] for s in splits) else 0
+
+
+def recorded_as(manifest: dict) -> dict:
+    """What an earlier manifest says of how it was converted, in the shape `run_conversion` compares;
+    one written before sources and typed options (an ImageNet-layout folder, every option in `params`
+    and those that change the output in `output_params`) reads as it would have been written now."""
+    return {"format": manifest.get("format"), "classes": manifest.get("classes"),
+            "params": manifest.get("output_params", manifest.get("params")), "source": manifest.get("source"),
+            "source_form": manifest.get("source_form", "imagefolder"),
+            "source_options": manifest.get("source_options", {})}
+
+
+def empty_classes(labels: np.ndarray, classes: list[str]) -> list[str]:
+    """Names of the classes that have no sample in this split."""
+    present = set(np.unique(labels).tolist())
+    return [name for index, name in enumerate(classes) if index not in present]
 
 
 def same_content(previous: dict, content: dict) -> bool:
@@ -175,10 +177,18 @@ def same_content(previous: dict, content: dict) -> bool:
     return comparable == json.loads(json.dumps(content))
 
 
-def check_out_folder(out: Path) -> None:
-    """OUT is, or can be made, a folder this process can write in; else a ConversionError."""
+def check_out_folder(out: Path, create: bool = True) -> None:
+    """OUT is, or can be made (`create`: is made), a folder this process can write in; else a
+    ConversionError."""
     if out.exists() and not out.is_dir():
         raise ConversionError(f"{out}: exists and is not a folder; OUT must be a folder, new or from an earlier run")
+    if not create and not out.exists():
+        parent = next(p for p in out.absolute().parents if p.exists())
+        if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+            why = "Read-only file system" if parent.is_dir() and os.statvfs(parent).f_flag & os.ST_RDONLY \
+                else "Permission denied" if parent.is_dir() else "Not a directory"
+            raise ConversionError(f"{out}: cannot write there ({why} ({parent}))")
+        return
     try:
         check_writable(out)
     except OSError as error:

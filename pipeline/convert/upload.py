@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from pipeline.convert.errors import ConversionError, ConversionFault
 from pipeline.errors import RemoteDataError
 from pipeline.formats.manifest import MANIFEST, ManifestError, read_manifest, write_manifest
+from pipeline.formats.wds_shards import ShardFile, ShardRecord
 from pipeline.storage.object_store import open_store
 from pipeline.storage.errors import describe_error
 from pipeline.storage.urls import redact
@@ -58,13 +59,15 @@ def add_checksums(split: str, record: dict, folder: Path) -> bool:
     """Fill in the size and sha256 of a split record's files where the converter did not (a
     record kept from an older converter's manifest); True if anything was added."""
     added = False
-    if "shards" in record:
-        for shard in record["shards"]:
-            for name, size, digest in (("tar", "bytes", "sha256"), ("index", "index_bytes", "index_sha256")):
-                if digest not in shard:
-                    path = folder / split / shard[name]
-                    shard[size], shard[digest], added = path.stat().st_size, sha256_file(path), True
-    elif len(record.get("files", [])) == 1 and "sha256" not in record:
+    for number, shard in enumerate(record.get("shards", [])):
+        kept = ShardRecord.from_dict(shard)
+        files = {kind: file if file.sha256 else ShardFile(file.name, (folder / split / file.name).stat().st_size,
+                                                          sha256_file(folder / split / file.name))
+                 for kind, file in kept.files().items()}
+        if files != kept.files():
+            record["shards"][number] = {**shard, **ShardRecord(kept.count, **files).as_dict()}
+            added = True
+    if "shards" not in record and len(record.get("files", [])) == 1 and "sha256" not in record:
         path = folder / record["files"][0]
         record["bytes"], record["sha256"], added = path.stat().st_size, sha256_file(path), True
     return added
@@ -78,10 +81,8 @@ def listed_files(manifest: dict) -> dict[str, tuple[int | None, str | None]]:
         for name in record.get("files", []):
             files[name] = (None, None)
         for shard in record.get("shards", []):
-            files[f"{split}/{shard['tar']}"] = (shard.get("bytes"), shard.get("sha256"))
-            files[f"{split}/{shard['index']}"] = (shard.get("index_bytes"), shard.get("index_sha256"))
-            if "checksums" in shard:
-                files[f"{split}/{shard['checksums']}"] = (shard.get("checksums_bytes"), shard.get("checksums_sha256"))
+            for file in ShardRecord.from_dict(shard).files().values():
+                files[f"{split}/{file.name}"] = (file.bytes, file.sha256)
         if record.get("files") and "shards" not in record:        # FFCV: the .beton, then its checksums
             files[record["files"][0]] = (record.get("bytes"), record.get("sha256"))
             if "checksums" in record:
@@ -270,16 +271,15 @@ class _MiBCounter:
             self.shown = self.progress.total
 
 
-def open_destination(args, format_name: str) -> Destination | None:
-    """For an s3:// or gs:// OUT: the Destination, checked, with args.out set to the staging folder;
-    None (args.out a Path) for a local OUT."""
-    out = str(args.out)
+def open_destination(run, format_name: str) -> tuple[Destination | None, Path]:
+    """(the Destination, checked, and the staging folder to convert into) for an s3:// or gs://
+    OUT; (None, OUT) for a local one. `run`: the run's options (pipeline/convert/options.py)."""
+    out = str(run.out)
     if not is_destination_url(out):
-        if getattr(args, "staging", None):
-            raise ConversionError(f"--staging {args.staging}: only for an s3:// or gs:// OUT; {out} is a local folder")
-        args.out = Path(out)
-        return None
-    destination = Destination(out, args.upload_workers)
-    args.out = getattr(args, "staging", None) or staging_folder(out, format_name)
-    log.info("%s: converting in %s, then uploading", destination.shown, args.out)
-    return destination
+        if run.staging:
+            raise ConversionError(f"--staging {run.staging}: only for an s3:// or gs:// OUT; {out} is a local folder")
+        return None, Path(out)
+    destination = Destination(out, run.upload_workers)
+    staging = Path(run.staging) if run.staging else staging_folder(out, format_name)
+    log.info("%s: converting in %s, then uploading", destination.shown, staging)
+    return destination, staging

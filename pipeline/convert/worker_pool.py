@@ -7,10 +7,15 @@ and the generated sets (tools/generated_set.py) both run their work through fork
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import multiprocessing
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+
+
+TASKS_AHEAD = 4        # tasks queued per worker: enough that none waits, few enough that memory stays flat
 
 
 class WorkerDied(Exception):
@@ -26,18 +31,31 @@ def _tracebacks_on_crash() -> None:
         faulthandler.enable(file=2)
 
 
-def forked_map(function: Callable, items: list, workers: int, chunksize: int = 16) -> Iterator:
+def _run_chunk(function: Callable, chunk: list) -> list:
+    return [function(item) for item in chunk]
+
+
+def forked_map(function: Callable, items: Iterable, workers: int, chunksize: int = 16) -> Iterator:
     """function(item) for each item, in order: in this process when workers <= 1, else on that
-    many forked processes. function goes to them pickled, so by name: a module-level function,
-    not a closure; what it needs beyond the item it can read from module state set before this
-    call, which the forked workers inherit (generated_set's _work). Workers print a crash's
-    traceback (faulthandler); leaving early, by an error or Ctrl-C, cancels the rest."""
-    if workers <= 1 or len(items) < 2:
+    many forked processes, `chunksize` items a task. function goes to them pickled, so by name: a
+    module-level function, not a closure; what it needs beyond the item it can read from module
+    state set before this call, which the forked workers inherit (generated_set's _work). Items are
+    taken from `items` as workers need them, a few tasks ahead, so a long iterable is never held
+    whole, nor its results. Workers print a crash's traceback (faulthandler); leaving early, by an
+    error or Ctrl-C, cancels the rest."""
+    if workers <= 1:
         yield from map(function, items)
         return
     pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), initializer=_tracebacks_on_crash)
+    pending: deque = deque()
+    chunks = iter(lambda it=iter(items): list(itertools.islice(it, chunksize)), [])
     try:
-        yield from pool.map(function, items, chunksize=chunksize)
+        for chunk in chunks:
+            pending.append(pool.submit(_run_chunk, function, chunk))
+            if len(pending) >= TASKS_AHEAD * workers:
+                yield from pending.popleft().result()
+        while pending:
+            yield from pending.popleft().result()
     except BrokenProcessPool:
         raise WorkerDied() from None
     finally:

@@ -17,8 +17,8 @@ import numpy as np
 
 from pipeline.errors import DatasetError
 from pipeline.formats.manifest import MANIFEST, ManifestError, manifest_path, read_manifest
+from pipeline.formats.wds_shards import IMAGE_MEMBER, LABEL_MEMBER, index_rows
 
-IMAGE_MEMBER, LABEL_MEMBER = "jpg", "lbl"     # the members of a sample the loaders read
 # The command that makes each format, for the messages that tell a user what to run
 CONVERTERS = {"ffcv": "python tools/convert_ffcv.py", "webdataset": "python tools/convert_wds.py"}
 
@@ -163,11 +163,9 @@ def member_table(shard: Shard, tar_size: Optional[int] = None) -> np.ndarray:
     enough for every member it lists."""
     rows, end, line_number = [], 0, 1
     try:
-        for line_number, line in enumerate(shard.index.read_text().splitlines()[1:], start=2):
-            fields = line.split()   # per member: extension, data offset, size, file name
-            members = {ext: (int(start), int(size)) for ext, start, size in zip(fields[0::4], fields[1::4], fields[2::4])}
-            rows.append((*members[IMAGE_MEMBER], members[LABEL_MEMBER][0]))
-            end = max(end, *(start + size for start, size in members.values()))
+        for line_number, members in enumerate(index_rows(shard.index.read_text()), start=2):
+            rows.append((*members[IMAGE_MEMBER][:2], members[LABEL_MEMBER][0]))
+            end = max(end, *(start + size for start, size, _ in members.values()))
     except (OSError, ValueError, KeyError) as error:
         # A scrambled index can be one huge line, which int()'s message would quote whole:
         # the message keeps one line and a short excerpt of the reason.

@@ -29,9 +29,10 @@ class Sample:
 class Skipped:
     path: str
     reason: str
+    entry: int | None = None   # its place in its source's split, where a converter skipped a sample
 
     def as_dict(self) -> dict:
-        return {"path": self.path, "reason": self.reason}
+        return {"path": self.path, "reason": self.reason, **({"entry": self.entry} if self.entry is not None else {})}
 
 
 class LayoutError(ValueError):
@@ -78,9 +79,3 @@ def scan_split(root: str | os.PathLike, split: str, classes: list[str]) -> tuple
                 else:
                     skipped.append(Skipped(path, f"not an image file name (extension {Path(filename).suffix or 'none'!r})"))
     return samples, skipped
-
-
-def empty_classes(samples: list[Sample], classes: list[str]) -> list[str]:
-    """Names of the classes that have no sample in this split."""
-    present = {sample.label for sample in samples}
-    return [name for index, name in enumerate(classes) if index not in present]

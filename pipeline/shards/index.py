@@ -24,7 +24,6 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import zlib
 from contextlib import contextmanager
 
 import numpy as np
@@ -34,6 +33,7 @@ from pipeline.shards.buffer_shuffle import buffer_shuffle
 from pipeline.transforms.crops import sample_seed
 from pipeline.errors import FAILS_CHECKSUM, CorruptSample, DatasetError
 from pipeline.formats.converted import CONVERTERS, SampleName, Shard
+from pipeline.formats.wds_shards import sample_checksum
 from pipeline.loader.sharding import batch_count, rank_range
 from pipeline.spec import LoaderSpec
 from pipeline.storage.urls import redact
@@ -181,7 +181,7 @@ class StoredShards:
         a CorruptSample naming it when its bytes fail the checksum recorded for it."""
         image, label_bytes = chunk[image_at:image_at + image_size], chunk[label_at:label_at + 4]
         if self.checksums is not None:
-            crc = zlib.crc32(label_bytes, zlib.crc32(image))
+            crc = sample_checksum(image, label_bytes)
             if crc != int(self.checksums[sample_id]):
                 raise CorruptSample(f"{self.name(sample_id)}: {FAILS_CHECKSUM} "
                                     f"(CRC-32 {crc:08x}, recorded {int(self.checksums[sample_id]):08x})")

@@ -1,0 +1,240 @@
+"""What every source gives the converters (`Source`): its labelled splits and classes, and per split
+its samples as `Entries`, in a deterministic order, each with its label and where its bytes lie (a
+whole file, a byte range of a file or object, a parquet cell); a fingerprint that changes when the
+source does; and `read`, which fetches a block of samples' bytes with as few reads as it can.
+
+Entries are columns of numbers, not objects: ImageNet's 1.28 million train images take about 30
+MiB, so memory stays bounded by the dataset's count, never by its bytes. Names (for messages) are
+made on demand by `name`.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from pipeline.convert.errors import ConversionError
+from pipeline.convert.sources.files import SourceFiles
+from pipeline.formats.imagefolder import Skipped
+
+BLOCK_BYTES = 4 << 20        # a block of neighbouring samples read at once
+BLOCK_SAMPLES = 64
+FILE_BLOCK_SAMPLES = 16      # a block of samples that are files of their own: one read each anyway
+SPLIT_ALIASES = {"validation": "val", "valid": "val"}
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """How to read SRC: the form (None: detected from what SRC holds) and the options of some forms."""
+    form: str | None = None
+    split_paths: tuple[tuple[str, str], ...] = ()   # (split, pattern): WebDataset and parquet files by split
+    label_key: str | None = None                    # a WebDataset sample's label, under this key of its .json
+    strict: bool = False                            # a damaged source tar is an error, not skipped samples
+
+    def recorded(self) -> dict:
+        """What the manifest keeps, for --repair to read the source as it was read."""
+        return {key: value for key, value in (("split_paths", dict(self.split_paths)), ("label_key", self.label_key))
+                if value}
+
+
+@dataclass
+class Entries:
+    """A split's samples in the source's order: per sample its label, its file (an index into
+    `files`), the offset of its bytes there (a parquet file: its row) and their size (a parquet
+    cell: its row group's mean); `header_back`, for tar members, how far
+    before its data its headers start. `skipped`: what the scan found that cannot be a sample."""
+    labels: np.ndarray
+    file: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    files: list[str]
+    skipped: list[Skipped] = field(default_factory=list)
+    header_back: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @classmethod
+    def of_files(cls, files: list[str], labels, sizes, skipped: list[Skipped]) -> Entries:
+        """Samples that are files of their own."""
+        n = len(files)
+        return cls(np.asarray(labels, np.int32).reshape(n), np.arange(n, dtype=np.int32), np.zeros(n, np.int64),
+                   np.asarray(sizes, np.int64).reshape(n), files, skipped)
+
+    @classmethod
+    def joined(cls, parts: list[Entries], files: list[str], skipped: list[Skipped]) -> Entries:
+        """Parts whose `file` columns already index `files`, one after the other."""
+        def column(name, dtype):
+            arrays = [getattr(part, name) for part in parts]
+            return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
+        backs = [part.header_back for part in parts]
+        header_back = column("header_back", np.int32) if parts and all(b is not None for b in backs) else None
+        return cls(column("labels", np.int32), column("file", np.int32), column("offset", np.int64),
+                   column("size", np.int64), files, skipped, header_back)
+
+    def mean_size(self, default: int = 128 << 10) -> int:
+        known = self.size[self.size >= 0]
+        return int(known.mean()) if len(known) else default
+
+
+class Source:
+    """One form of data on disk or at a URL; a subclass reads one form (one file each in
+    pipeline/convert/sources/). Errors about the source as a whole are ConversionErrors (one line, exit 2)."""
+    form = ""               # the name --source-format takes
+    title = ""              # what the form is, in the first line of output
+    remote_ok = False       # whether SRC may be a URL
+    whole_files = False     # each sample is a file of its own (else a byte range of a larger file)
+
+    def __init__(self, files: SourceFiles, options: SourceOptions):
+        self.files, self.options = files, options
+        self._entries: dict[str, Entries] = {}
+        self.used_classes: list[str] | None = None
+
+    def use_classes(self, classes: list[str]) -> None:
+        """Label samples by their class's place in `classes` (this conversion's, or a manifest's)."""
+        self.used_classes = list(classes)
+        self._entries.clear()
+
+    @classmethod
+    def found(cls, files: SourceFiles, splits: list[str]) -> str | None:
+        """What in SRC shows this form (a few words), or None where nothing does."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """The first line of a conversion's output: SRC, the form found and what it holds."""
+        return f"{self.files.root}: {self.title}"
+
+    def splits(self) -> list[str]:
+        """The labelled splits the source holds."""
+        raise NotImplementedError
+
+    def notes(self) -> list[str]:
+        """What the source holds and no conversion takes (a test split without labels), one line each."""
+        return []
+
+    def classes(self, splits: list[str]) -> list[str]:
+        """The class list (index = label) for a conversion of `splits`."""
+        raise NotImplementedError
+
+    def class_names(self, splits: list[str]) -> list[str] | None:
+        """Readable names of the classes, where the source has them (ImageNet's words)."""
+        return None
+
+    def entries(self, split: str) -> Entries:
+        if split not in self._entries:
+            self._entries[split] = self.scan(split)
+        return self._entries[split]
+
+    def scan(self, split: str) -> Entries:
+        raise NotImplementedError
+
+    def fingerprint(self, split: str) -> str:
+        """Changes when any file the split is read from changes (by default: their sizes and times)."""
+        entries = self.entries(split)
+        digest = hashlib.sha256()
+        for name in sorted(set(entries.files)):
+            digest.update(f"{name}\0{self.files.signature(name)}\n".encode())
+        return digest.hexdigest()
+
+    def name(self, split: str, index: int) -> str:
+        """The sample's name for messages: a path, or a tar and member, or a parquet file and row."""
+        entries = self.entries(split)
+        return self.files.shown(entries.files[int(entries.file[index])])
+
+    def blocks(self, split: str) -> Iterator[np.ndarray]:
+        """Every sample's index, in source order, in blocks that are read at once."""
+        entries = self.entries(split)
+        if self.whole_files:
+            for start in range(0, len(entries), FILE_BLOCK_SAMPLES):
+                yield np.arange(start, min(start + FILE_BLOCK_SAMPLES, len(entries)))
+        else:
+            yield from neighbour_blocks(entries)
+
+    def read(self, split: str, indices: np.ndarray) -> list:
+        """The bytes of each sample of `indices`, in that order; where a sample cannot be read,
+        a `Missing` with the reason instead."""
+        entries = self.entries(split)
+        if self.whole_files:
+            return [self._whole(entries.files[int(entries.file[index])]) for index in indices]
+        out: list = [None] * len(indices)
+        by_file: dict[int, list[int]] = {}
+        for position, index in enumerate(indices):
+            by_file.setdefault(int(entries.file[index]), []).append(position)
+        for file, positions in by_file.items():
+            ranges = [(int(entries.offset[indices[p]]), int(entries.offset[indices[p]] + entries.size[indices[p]]))
+                      for p in positions]
+            try:
+                pieces = self.files.read_ranges(entries.files[file], ranges)
+            except OSError as error:
+                pieces = [Missing(f"unreadable ({error.strerror or error})")] * len(positions)
+            for p, piece, (start, end) in zip(positions, pieces, ranges):
+                out[p] = piece if isinstance(piece, Missing) or len(piece) == end - start else \
+                    Missing(f"{len(piece):,} of its {end - start:,} bytes are there: the file ends early")
+        return out
+
+    def _whole(self, name: str):
+        try:
+            return self.files.read(name)
+        except FileNotFoundError:
+            return Missing("no such file")
+        except OSError as error:
+            return Missing(f"unreadable ({error.strerror or error})")
+
+    def check_splits(self, splits: list[str]) -> None:
+        """A ConversionError unless the source holds each split asked for."""
+        have = self.splits()
+        missing = [split for split in splits if split not in have]
+        if missing:
+            raise ConversionError(f"{self.files.root}: no {', '.join(missing)} split in this {self.title} source "
+                                  f"(it holds: {', '.join(have) or 'none'}); choose with --splits")
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A sample whose bytes could not be read, and why."""
+    reason: str
+
+
+def files_fingerprint(source: Source, split: str, extra: list[str] = ()) -> str:
+    """For samples that are files of their own: changes when a file is added, removed, relabelled,
+    resized or touched, or any of the `extra` files (a label list) changes."""
+    entries, files = source.entries(split), source.files
+    digest = hashlib.sha256()
+    for name in extra:
+        digest.update(f"{name}\0{files.signature(name)}\n".encode())
+    for name, label in zip(entries.files, entries.labels.tolist()):
+        digest.update(f"{name}\0{label}\0{files.signature(name)}\n".encode())
+    return digest.hexdigest()
+
+
+def neighbour_blocks(entries: Entries) -> Iterator[np.ndarray]:
+    """Runs of consecutive samples of one file, each up to BLOCK_BYTES and BLOCK_SAMPLES."""
+    start, total, n = 0, 0, len(entries)
+    for index in range(n):
+        total += max(0, int(entries.size[index]))
+        ends = (index + 1 == n or entries.file[index + 1] != entries.file[index]
+                or index + 1 - start >= BLOCK_SAMPLES or total >= BLOCK_BYTES)
+        if ends:
+            yield np.arange(start, index + 1)
+            start, total = index + 1, 0
+
+
+def canonical_split(name: str) -> str:
+    return SPLIT_ALIASES.get(name, name)
+
+
+def label_list(found: list, where: str) -> tuple[list[str], list[int]]:
+    """Classes and per-sample labels from labels given as integers (kept as they are: the classes are
+    their numbers) or as class names (the sorted names, labels their places); a mix is an error."""
+    if all(isinstance(label, int) for label in found):
+        if any(label < 0 for label in found):
+            raise ConversionError(f"{where}: negative label {min(found)}")
+        top = max(found, default=-1)
+        return [str(i) for i in range(top + 1)], list(found)
+    if all(isinstance(label, str) for label in found):
+        classes = sorted(set(found))
+        place = {name: i for i, name in enumerate(classes)}
+        return classes, [place[name] for name in found]
+    raise ConversionError(f"{where}: labels mix integers and class names")

@@ -1,0 +1,60 @@
+"""The ImageNet folder layout, `SRC/<split>/<class>/<image>` (pipeline/formats/imagefolder.py reads
+it for the whole project): a class's label is its place in the sorted class folders of the splits
+converted."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+from pipeline.convert.errors import ConversionError
+from pipeline.convert.sources.base import Entries, Source
+from pipeline.formats.imagefolder import LayoutError, find_classes, scan_split
+
+
+USUAL_SPLITS = ("train", "val")
+
+
+class ImageFolderSource(Source):
+    form = "imagefolder"
+    title = "an ImageNet-layout folder (SPLIT/CLASS/IMAGE)"
+    whole_files = True
+
+    @classmethod
+    def found(cls, files, splits: list[str]) -> str | None:
+        if files.remote:
+            return None
+        held = [split for split in dict.fromkeys([*splits, *USUAL_SPLITS]) if files.is_dir(split)
+                and any(entry.is_dir() for entry in os.scandir(files.full(split)))]
+        return f"class folders under {', '.join(split + '/' for split in held)}" if held else None
+
+    def splits(self) -> list[str]:
+        return sorted(entry.name for entry in os.scandir(self.files.path) if entry.is_dir())
+
+    def check_splits(self, splits: list[str]) -> None:
+        try:
+            find_classes(self.files.path, splits)
+        except LayoutError as error:
+            raise ConversionError(str(error)) from None
+
+    def classes(self, splits: list[str]) -> list[str]:
+        return find_classes(self.files.path, splits)
+
+    def scan(self, split: str) -> Entries:
+        try:
+            samples, skipped = scan_split(self.files.path, split, self.used_classes)
+        except KeyError as error:
+            raise ConversionError(f"{self.files.path / split}: class folder {error.args[0]!r} is not one of the "
+                                  f"dataset's classes") from None
+        digest, sizes = hashlib.sha256(), []
+        for sample in samples:
+            stat = os.stat(sample.path)
+            sizes.append(stat.st_size)
+            # The fingerprint converters before sources wrote: their outputs stay up to date
+            digest.update(f"{sample.relpath}\0{sample.label}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        self._fingerprints = {**getattr(self, "_fingerprints", {}), split: digest.hexdigest()}
+        return Entries.of_files([sample.relpath for sample in samples], [sample.label for sample in samples],
+                                sizes, skipped)
+
+    def fingerprint(self, split: str) -> str:
+        self.entries(split)
+        return self._fingerprints[split]

@@ -1,0 +1,189 @@
+"""The WebDataset shards the converters write, in the one module that both writes (`ShardWriter`) and
+reads their format (as pipeline/formats/beton_checksums.py does for FFCV): a sample's members, the
+`.idx` index beside each tar, the per-sample checksum, and a shard's record in the manifest
+(`ShardRecord`).
+
+- A sample is three tar members sharing a key: `KEY.jpg` (the image), `KEY.cls` (the label as ASCII
+  decimal, what the `webdataset` package decodes to an int) and `KEY.lbl` (the label as little-endian
+  int32: DALI's `readers.webdataset` reads it with `dtypes=INT32`, where ASCII labels of different
+  lengths would break its batches). The loaders read only `.jpg` and `.lbl`.
+- The index is DALI's `wds2idx` format, v1.2: a header line `v1.2 COUNT`, then per sample, per
+  member, its extension, data offset, size and name.
+- A sample's checksum is the CRC-32 (zlib's) of its `.jpg` bytes, then of its `.lbl` bytes; a shard's
+  are little-endian uint32 in `shard-NNNNNN.crc32`, beside the index (DALI parses the index).
+- Tars are deterministic (USTAR, mode 0444, mtime 0): the same samples give the same bytes. The
+  index is written from the offsets the writer knows, so writing needs no DALI.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.storage.atomic_files import write_bytes_atomic
+
+MEMBERS = {"image": "jpg", "label": "cls", "label_int32": "lbl"}
+IMAGE_MEMBER, LABEL_MEMBER = MEMBERS["image"], MEMBERS["label_int32"]     # the members the loaders read
+SHARD_NAME = "shard-{:06d}"
+SAMPLE_CHECKSUM = "crc32 of jpg then lbl"    # the split record's `sample_checksum`: what each value covers
+INDEX_VERSION = "v1.2"
+
+
+def sample_members(jpeg: bytes, label: int) -> dict[str, bytes]:
+    """A sample's tar members, by extension."""
+    return {MEMBERS["image"]: jpeg, MEMBERS["label"]: str(label).encode("ascii"),
+            MEMBERS["label_int32"]: np.int32(label).astype("<i4").tobytes()}
+
+
+def sample_checksum(image, label_int32) -> int:
+    """The checksum a sample is recorded with: CRC-32 of its image bytes, then of its label's."""
+    return zlib.crc32(label_int32, zlib.crc32(image))
+
+
+def index_line(members: list[tuple[str, int, int, str]]) -> str:
+    """A sample's line of the index, from (extension, data offset, size, name) per member."""
+    return " ".join(f"{ext} {offset} {size} {name}" for ext, offset, size, name in members)
+
+
+def index_text(lines: list[str]) -> bytes:
+    return (f"{INDEX_VERSION} {len(lines)}\n" + "".join(line + "\n" for line in lines)).encode()
+
+
+def index_rows(text: str):
+    """Per sample of an index, {extension: (data offset, size, name)}; ValueError where a line does
+    not parse (the caller names the file and line)."""
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) % 4:
+            raise ValueError(f"{len(fields)} fields, not 4 a member")
+        yield {ext: (int(start), int(size), name)
+               for ext, start, size, name in zip(fields[0::4], fields[1::4], fields[2::4], fields[3::4])}
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    name: str
+    bytes: int | None        # None in a record written before sizes were kept
+    sha256: str | None
+
+
+# The manifest's keys for each file of a shard: (name, size, sha256)
+RECORD_KEYS = {"tar": ("tar", "bytes", "sha256"), "index": ("index", "index_bytes", "index_sha256"),
+               "checksums": ("checksums", "checksums_bytes", "checksums_sha256")}
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """A shard's entry in its split's manifest record: its sample count and files."""
+    count: int
+    tar: ShardFile
+    index: ShardFile
+    checksums: ShardFile | None = None       # None: converted before per-sample checksums
+
+    @classmethod
+    def from_dict(cls, record: dict) -> ShardRecord:
+        files = {kind: ShardFile(record[name], record.get(size), record.get(digest))
+                 for kind, (name, size, digest) in RECORD_KEYS.items() if name in record}
+        return cls(record["count"], files["tar"], files["index"], files.get("checksums"))
+
+    def as_dict(self) -> dict:
+        record = {"count": self.count}
+        for kind, file in self.files().items():
+            name, size, digest = RECORD_KEYS[kind]
+            record.update({name: file.name, size: file.bytes, digest: file.sha256})
+        return record
+
+    def files(self) -> dict[str, ShardFile]:
+        """{"tar", "index" and, where recorded, "checksums": its file}."""
+        return {kind: file for kind, file in (("tar", self.tar), ("index", self.index), ("checksums", self.checksums))
+                if file is not None}
+
+
+def _tar_size(member_bytes: int) -> int:
+    """The size of a tar file whose members (headers and padded data) take `member_bytes`: with
+    the two end blocks, rounded up to tarfile's 10 KiB record."""
+    return -(-(member_bytes + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+
+
+class HashingFile:
+    """A file opened for writing that hashes what goes into it: tarfile writes a shard front to
+    back, so the hash is the file's without reading it again."""
+
+    def __init__(self, path: Path):
+        self.file, self.digest = open(path, "wb"), hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return self.file.write(data)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def close(self) -> int:
+        """Flush, fsync and close; the file's size."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return os.path.getsize(self.file.name)
+
+
+class ShardWriter:
+    """Writes samples into size-capped, deterministic tar shards, each with its index and checksums,
+    hashed as they are written; the first is numbered `first_shard` (a repair writes one shard of a
+    split again). `shards`: the records of those written, as the manifest keeps them."""
+
+    def __init__(self, folder: Path, max_bytes: int, first_shard: int = 0):
+        self.folder, self.max_bytes, self.first_shard = folder, max_bytes, first_shard
+        self.shards: list[dict] = []
+        self.count = 0
+        self.tar: tarfile.TarFile | None = None
+        self.tar_file: HashingFile | None = None
+        self.name = ""
+        self.held = self.held_bytes = 0     # the current shard's samples, and its members' bytes
+        self.index_lines: list[str] = []   # the current shard's, one a sample
+        self.checksums: list[int] = []      # the current shard's, one a sample
+
+    def add(self, key: str, members: dict[str, bytes]) -> None:
+        size = sum(512 + -(-len(data) // 512) * 512 for data in members.values())
+        if self.tar is None or (self.held and _tar_size(self.held_bytes + size) > self.max_bytes):
+            self._open_next()
+        entries = []
+        for ext, data in members.items():
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size, info.mode, info.mtime = len(data), 0o444, 0
+            self.tar.addfile(info, io.BytesIO(data))
+            # The data ends the member's padded blocks, the header(s) come before them.
+            entries.append((ext, self.tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE, len(data),
+                            info.name))
+        self.index_lines.append(index_line(entries))
+        self.checksums.append(sample_checksum(members[IMAGE_MEMBER], members[LABEL_MEMBER]))
+        self.held, self.held_bytes, self.count = self.held + 1, self.held_bytes + size, self.count + 1
+
+    def _open_next(self) -> None:
+        self._close_current()
+        self.name = SHARD_NAME.format(self.first_shard + len(self.shards))
+        self.tar_file = HashingFile(self.folder / f"{self.name}.tar")
+        self.tar = tarfile.open(fileobj=self.tar_file, mode="w", format=tarfile.USTAR_FORMAT)
+
+    def _written(self, name: str, data: bytes) -> ShardFile:
+        write_bytes_atomic(self.folder / name, data)
+        return ShardFile(name, len(data), hashlib.sha256(data).hexdigest())
+
+    def _close_current(self) -> None:
+        if self.tar is None:
+            return
+        self.tar.close()
+        tar = ShardFile(f"{self.name}.tar", self.tar_file.close(), self.tar_file.digest.hexdigest())
+        index = self._written(f"{self.name}.idx", index_text(self.index_lines))
+        checksums = self._written(f"{self.name}.crc32", np.array(self.checksums, "<u4").tobytes())
+        self.shards.append(ShardRecord(self.held, tar, index, checksums).as_dict())
+        self.tar, self.tar_file, self.index_lines, self.checksums, self.held, self.held_bytes = None, None, [], [], 0, 0
+
+    def close(self) -> None:
+        self._close_current()
