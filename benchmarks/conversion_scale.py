@@ -7,7 +7,8 @@ For each count, the official files (a train tar of 1,000 class tars, a val tar o
 a devkit) are written in WORK from a pool of 4,096 distinct small JPEGs (32-48 px: the work per
 image is the converter's own, not a decoder's), then tools/convert_wds.py converts them with
 --num-workers W while the memory of its processes (PSS, so pages the forked workers share are
-counted once) is sampled every 0.2 s; then the webdataset backend reads one train epoch of the
+counted once; and its anonymous part, what they allocated, apart from file pages such as the mapped
+columns of a scan, which the kernel drops as it needs) is sampled every 0.2 s; then the webdataset backend reads one train epoch of the
 output. Prints a row per count and appends them to this machine's results file, and writes
 benchmarks/results/conversion-scale/<machine>.json. WORK is emptied after each count.
 """
@@ -61,8 +62,9 @@ def write_set(count: int, dest: Path, pool: list[bytes]) -> int:
     return val_count
 
 
-def tree_pss(pid: int) -> tuple[int, int]:
-    """(PSS of the process and its descendants, PSS of the process) in bytes; 0 for those gone."""
+def tree_memory(pid: int) -> dict[str, int]:
+    """PSS and its anonymous part (what the processes allocated, not file pages the kernel may
+    drop) of the process and its descendants, and of the process alone, in bytes."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -72,18 +74,21 @@ def tree_pss(pid: int) -> tuple[int, int]:
                 children.setdefault(parent, []).append(int(entry))
             except (OSError, ValueError, IndexError):
                 pass
-    total, own, todo = 0, 0, [pid]
+    found = dict.fromkeys(("pss", "pss_anon", "main_pss", "main_pss_anon"), 0)
+    todo = [pid]
     while todo:
         current = todo.pop()
         try:
             with open(f"/proc/{current}/smaps_rollup") as rollup:
-                pss = next(int(line.split()[1]) for line in rollup if line.startswith("Pss:")) << 10
-        except (OSError, StopIteration):
-            pss = 0
-        total += pss
-        own = pss if current == pid else own
+                fields = {line.split(":")[0]: int(line.split()[1]) << 10 for line in rollup if ":" in line[:20]}
+        except OSError:
+            fields = {}
+        for key, field in (("pss", "Pss"), ("pss_anon", "Pss_Anon")):
+            found[key] += fields.get(field, 0)
+            if current == pid:
+                found[f"main_{key}"] = fields.get(field, 0)
         todo += children.get(current, [])
-    return total, own
+    return found
 
 
 def convert(src: Path, out: Path, workers: int) -> dict:
@@ -91,12 +96,12 @@ def convert(src: Path, out: Path, workers: int) -> dict:
                str(workers), "--splits", "train"]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    peaks, done = [0, 0], threading.Event()
+    peaks, done = dict.fromkeys(("pss", "pss_anon", "main_pss", "main_pss_anon"), 0), threading.Event()
 
     def sample():
         while not done.wait(0.2):
-            total, own = tree_pss(process.pid)
-            peaks[0], peaks[1] = max(peaks[0], total), max(peaks[1], own)
+            for key, value in tree_memory(process.pid).items():
+                peaks[key] = max(peaks[key], value)
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     _, stderr = process.communicate()
@@ -105,8 +110,8 @@ def convert(src: Path, out: Path, workers: int) -> dict:
     sampler.join()
     if process.returncode:
         raise SystemExit(f"convert_wds.py exited {process.returncode}: {stderr[-2000:]}")
-    return {"seconds": seconds, "peak_pss_bytes": peaks[0], "peak_main_pss_bytes": peaks[1],
-            "stderr_tail": stderr.strip().splitlines()[-1]}
+    return {"seconds": seconds, **{f"peak_{key}_bytes": value for key, value in peaks.items()},
+            "summary": stderr.strip().splitlines()[-1]}
 
 
 def read_epoch(out: Path, threads: int) -> dict:
@@ -149,9 +154,11 @@ def main() -> int:
                "output_bytes": output, "generate_seconds": written, **converted,
                "us_per_image": converted["seconds"] / count * 1e6, **epoch}
         rows.append(row)
-        print(f"{count:>9,} images: {converted['seconds']:8.1f} s, {row['us_per_image']:6.1f} us/img, peak PSS "
-              f"{converted['peak_pss_bytes'] / 2**20:6.0f} MiB (main {converted['peak_main_pss_bytes'] / 2**20:.0f}), "
-              f"output {output / 2**30:.2f} GiB; one epoch {epoch['epoch_img_per_s']:,.0f} img/s", flush=True)
+        mib = {key: converted[f"peak_{key}_bytes"] / 2**20 for key in ("pss", "pss_anon", "main_pss", "main_pss_anon")}
+        print(f"{count:>9,} images: {converted['seconds']:8.1f} s, {row['us_per_image']:6.1f} us/img; peak PSS "
+              f"{mib['pss']:.0f} MiB, anonymous {mib['pss_anon']:.0f} (main process {mib['main_pss']:.0f}, anonymous "
+              f"{mib['main_pss_anon']:.0f}); output {output / 2**30:.2f} GiB; one epoch "
+              f"{epoch['epoch_img_per_s']:,.0f} img/s", flush=True)
         shutil.rmtree(args.work)
     append_results(rows, hardware)
     report = RESULTS / "conversion-scale" / f"{slug(hardware)}.json"

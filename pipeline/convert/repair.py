@@ -25,6 +25,7 @@ from pipeline.convert.errors import ConversionError
 from pipeline.convert.options import FfcvOptions, RunOptions, WdsOptions
 from pipeline.convert.parallel import map_samples
 from pipeline.convert.sources import Missing, Source, SourceOptions, open_source
+from pipeline.convert.splits import scratch_in
 from pipeline.formats.wds_shards import ShardWriter, sample_members
 from pipeline.storage.atomic_files import replace_atomically
 
@@ -33,14 +34,15 @@ AGAIN = "convert the whole dataset again"
 REPAIR_BLOCK = 16
 
 
-def recorded_source(src: str, manifest: dict, split: str) -> tuple[Source, bool]:
-    """SRC read as the manifest says it was (its form, options and classes), and whether `split`
-    there is the one converted (its fingerprint)."""
+def recorded_source(src: str, manifest: dict, split: str, scratch: Path) -> tuple[Source, bool]:
+    """SRC read as the manifest says it was (its form, options and classes; scanned into
+    `scratch`), and whether `split` there is the one converted (its fingerprint)."""
     recorded = manifest.get("source_options", {})
     options = SourceOptions(form=manifest.get("source_form", "imagefolder"),
                             split_paths=tuple(recorded.get("split_paths", {}).items()),
                             label_key=recorded.get("label_key"))
     source = open_source(src, options)
+    source.scratch = scratch
     if split not in source.splits():
         raise ConversionError(f"{src}: no {split} split; --repair needs the source the dataset was converted from "
                               f"({manifest.get('source', 'its manifest says where')})")
@@ -67,7 +69,7 @@ def written_samples(source: Source, manifest: dict, split: str) -> np.ndarray:
             relpath = name.replace(os.sep, "/")
             if relpath.rsplit("/", 1)[-1] in tails and any(p == relpath or p.endswith("/" + relpath) for p in paths):
                 left_out.add(index)
-    order = write_order(len(entries), split, manifest["params"]["seed"])
+    order = write_order(len(entries), split, manifest["params"]["seed"], source.scratch)
     order = np.arange(len(entries)) if order is None else order
     return order[~np.isin(order, np.fromiter(left_out, np.int64, len(left_out)))]
 
@@ -76,9 +78,15 @@ def rebuild_shards(src: str, manifest: dict, split: str, numbers: list[int], out
     """Write the shards `numbers` of the webdataset `split` again into OUT/<split>/, updating their
     records in `manifest`; whether a record changed. A ConversionError (nothing written for that
     shard) where SRC no longer gives the samples it held."""
+    with scratch_in(out) as scratch:
+        return _rebuild_shards(src, manifest, split, numbers, out, num_workers, scratch)
+
+
+def _rebuild_shards(src: str, manifest: dict, split: str, numbers: list[int], out: Path, num_workers: int,
+                    scratch: Path) -> bool:
     from pipeline.convert.wds import encoder
     record = manifest["splits"][split]
-    source, same_source = recorded_source(src, manifest, split)
+    source, same_source = recorded_source(src, manifest, split, scratch)
     written = written_samples(source, manifest, split)
     if len(written) != record["count"]:
         raise ConversionError(f"{src}: {len(written):,} {split} samples to write where the dataset holds "
@@ -89,11 +97,11 @@ def rebuild_shards(src: str, manifest: dict, split: str, numbers: list[int], out
     for number in numbers:
         shard, first = record["shards"][number], firsts[number]
         held = written[first:first + shard["count"]]
-        scratch = out / split / f".repair-{os.getpid()}"
-        shutil.rmtree(scratch, ignore_errors=True)
-        scratch.mkdir(parents=True)
+        staging = out / split / f".repair-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
         try:
-            writer = ShardWriter(scratch, max_bytes=1 << 62, first_shard=number)
+            writer = ShardWriter(staging, max_bytes=1 << 62, first_shard=number)
             blocks = [held[at:at + REPAIR_BLOCK] for at in range(0, len(held), REPAIR_BLOCK)]
             encoded = map_samples(source, split, encoder(options), num_workers, f"{split}: {shard['tar']}",
                                   blocks=blocks, total=len(held))
@@ -114,9 +122,9 @@ def rebuild_shards(src: str, manifest: dict, split: str, numbers: list[int], out
                 shard.update({key: value for key, value in rebuilt.items()
                               if "checksums" in kinds or not key.startswith("checksums")})
             for kind in kinds:
-                replace_atomically(scratch / rebuilt[kind], out / split / rebuilt[kind])
+                replace_atomically(staging / rebuilt[kind], out / split / rebuilt[kind])
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
     return changed
 
 
@@ -125,12 +133,13 @@ def rebuild_beton(src: str, manifest: dict, split: str, out: Path, num_workers: 
     `manifest` (always: FFCV's layout varies from run to run); True."""
     from pipeline.convert.ffcv import convert_split
     record = manifest["splits"][split]
-    source, same_source = recorded_source(src, manifest, split)
-    if not same_source:
-        raise ConversionError(f"{src}: its {split} files differ from those converted (added, removed or modified "
-                              f"since); {AGAIN}")
-    run = RunOptions(src=src, out=str(out), splits=(split,), num_workers=num_workers)
-    result = convert_split(FfcvOptions.from_params(manifest["params"]), run, source, split, out)
+    with scratch_in(out) as scratch:
+        source, same_source = recorded_source(src, manifest, split, scratch)
+        if not same_source:
+            raise ConversionError(f"{src}: its {split} files differ from those converted (added, removed or "
+                                  f"modified since); {AGAIN}")
+        run = RunOptions(src=src, out=str(out), splits=(split,), num_workers=num_workers)
+        result = convert_split(FfcvOptions.from_params(manifest["params"]), run, source, split, out)
     if result.count != record["count"]:
         raise ConversionError(f"{src}: {result.count:,} {split} samples written where the dataset held "
                               f"{record['count']:,}; {AGAIN}")

@@ -14,10 +14,12 @@ stderr; the run never stops half-way.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import os
+import shutil
 import platform
 import time
 from dataclasses import dataclass, field
@@ -25,7 +27,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 
 from pipeline.convert.errors import ConversionError, ConversionFault
 from pipeline.convert.options import ImageOptions, RunOptions
@@ -83,74 +84,102 @@ def run_conversion(run: RunOptions, options: ImageOptions, format_name: str, lib
         if src == out.resolve() or out.resolve() in src.parents:
             raise ConversionError(f"{out}: output folder must not contain the source folder")
     check_out_folder(out, create=False)
-    classes = source.classes(splits)
-    source.use_classes(classes)
-    where_from = source.files.root if source.files.remote else str(Path(run.src).resolve())
-    record = {"format": format_name, "classes": classes, "params": options.params(), "source": where_from,
-              "source_form": source.form, "source_options": run.source.recorded()}
-    previous = previous_manifest(out)
-    kept: dict[str, dict] = {}
-    # A split is kept only from a manifest of this version: an older converter's records lack what this one
-    # writes (a webdataset split's per-sample checksums, say), and "convert again" must add it.
+    with scratch_in(out) as source.scratch:
+        classes = source.classes(splits)
+        source.use_classes(classes)
+        where_from = source.files.root if source.files.remote else str(Path(run.src).resolve())
+        record = {"format": format_name, "classes": classes, "params": options.params(), "source": where_from,
+                  "source_form": source.form, "source_options": run.source.recorded()}
+        previous = previous_manifest(out)
+        kept, todo, fingerprints = splits_to_convert(out, previous, record, source, splits, run.force)
+        # Every split is read before anything is written: a source's errors are met with OUT untouched
+        if todo and not sum(len(source.entries(split)) for split in todo):
+            raise ConversionError(f"{source.files.root}: no image files in {', '.join(todo)}")
+        check_out_folder(out)
+        started, converted = time.perf_counter(), 0
+        for split in todo:
+            kept[split] = convert_one(options, run, source, split, out, convert_split, fingerprints[split], classes)
+            converted += len(source.entries(split))
+        elapsed = time.perf_counter() - started
+        done = {split: kept[split] for split in sorted(kept)}
+        for split, split_record in done.items():
+            add_checksums(split, split_record, out)
+        content = manifest_content(record, done, source.class_names(splits), libraries)
+        # A manifest that says nothing new is kept, date and all, so an upload finds it already there.
+        if converted or not previous or not same_content(previous, content):
+            try:
+                write_manifest(out, {**content, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            except OSError as error:
+                raise ConversionFault(f"{out}: {describe_os_error(error)} while writing {MANIFEST}: the new files "
+                                      "are in place but the manifest is the earlier one; run again once there is "
+                                      "room") from None
+    rate = f", {converted / elapsed:.0f} img/s" if converted else ""
+    log.info("%s: %s, %d classes, %s, %d skipped%s", out, format_name, len(classes),
+             ", ".join(f"{split} {split_record['count']}" for split, split_record in done.items()),
+             len(content["skipped"]), rate)
+    if destination:
+        destination.upload(out)
+    return 1 if run.strict and any(done[s]["skipped"] for s in splits) else 0
+
+
+def splits_to_convert(out: Path, previous: dict | None, record: dict, source: Source, splits: list[str],
+                      force: bool) -> tuple[dict[str, dict], list[str], dict[str, str]]:
+    """(the split records an earlier manifest in OUT holds that stay, the splits to convert, each
+    split's source fingerprint). A split is kept only from a manifest of this version converted
+    the same way: an older converter's records lack what this one writes (a webdataset split's
+    per-sample checksums, say), and "convert again" must add it."""
+    kept = {}
     if previous and previous.get("manifest_version") == MANIFEST_VERSION and recorded_as(previous) == record:
         kept = {split: copy.deepcopy(done) for split, done in previous["splits"].items()
                 if all((out / f).exists() for f in done["files"])}
-
     fingerprints = {split: source.fingerprint(split) for split in splits}
-    todo = [split for split in splits if run.force or kept.get(split, {}).get("source_fingerprint") != fingerprints[split]]
+    todo = [split for split in splits if force or kept.get(split, {}).get("source_fingerprint") != fingerprints[split]]
     for split in splits:
         if split not in todo:
             log.info("%s: %s is up to date (%d samples); --force converts again", out, split, kept[split]["count"])
-    # Every split is read before anything is written: a source's errors are met with OUT untouched
-    if todo and not sum(len(source.entries(split)) for split in todo):
-        raise ConversionError(f"{source.files.root}: no image files in {', '.join(todo)}")
-    check_out_folder(out)
-    started, converted = time.perf_counter(), 0
-    for split in todo:
-        entries = source.entries(split)
-        report_skips(entries.skipped)
-        missing_classes = empty_classes(entries.labels, classes)
-        if missing_classes:
-            log.warning("warning: %s: no images for classes %s", split, missing_classes[:20])
-        try:
-            result = convert_split(options, run, source, split, out)
-        except OSError as error:
-            raise ConversionFault(f"{out}: {describe_os_error(error)} while writing the {split} split; its partial "
-                                  f"output was removed and outputs of earlier runs are intact") from None
-        report_skips(result.skipped)
-        converted += len(entries)
-        kept[split] = {"count": result.count, "files": result.files, "source_fingerprint": fingerprints[split],
-                       "empty_classes": missing_classes,
-                       "skipped": [s.as_dict() for s in entries.skipped + result.skipped], **result.extra}
-    elapsed = time.perf_counter() - started
+    return kept, todo, fingerprints
 
-    splits_done = {split: kept[split] for split in sorted(kept)}
-    for split, done in splits_done.items():
-        add_checksums(split, done, out)
-    skipped = [{**skip, "split": split} for split, done in splits_done.items() for skip in done["skipped"]]
-    names = source.class_names(splits)
-    content = {
-        **record,
-        **({"class_names": names} if names else {}),
-        "counts": {split: done["count"] for split, done in splits_done.items()},
-        "skipped": skipped,
-        "versions": library_versions(*libraries),
-        "splits": splits_done,
-    }
-    # A manifest that says nothing new is kept, date and all, so an upload finds it already there.
-    if converted or not previous or not same_content(previous, content):
-        try:
-            write_manifest(out, {**content, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        except OSError as error:
-            raise ConversionFault(f"{out}: {describe_os_error(error)} while writing {MANIFEST}: the new files "
-                                  "are in place but the manifest is the earlier one; run again once there is "
-                                  "room") from None
-    rate = f", {converted / elapsed:.0f} img/s" if converted else ""
-    log.info("%s: %s, %d classes, %s, %d skipped%s", out, format_name, len(classes),
-             ", ".join(f"{split} {done['count']}" for split, done in splits_done.items()), len(skipped), rate)
-    if destination:
-        destination.upload(out)
-    return 1 if run.strict and any(splits_done[s]["skipped"] for s in splits) else 0
+
+def convert_one(options: ImageOptions, run: RunOptions, source: Source, split: str, out: Path,
+                convert_split: Callable, fingerprint: str, classes: list[str]) -> dict:
+    """Convert one split; its record for the manifest."""
+    entries = source.entries(split)
+    report_skips(entries.skipped)
+    missing_classes = [name for name, count in zip(classes, entries.label_counts(len(classes)).tolist()) if not count]
+    if missing_classes:
+        log.warning("warning: %s: no images for classes %s", split, missing_classes[:20])
+    try:
+        result = convert_split(options, run, source, split, out)
+    except OSError as error:
+        raise ConversionFault(f"{out}: {describe_os_error(error)} while writing the {split} split; its partial "
+                              f"output was removed and outputs of earlier runs are intact") from None
+    report_skips(result.skipped)
+    return {"count": result.count, "files": result.files, "source_fingerprint": fingerprint,
+            "empty_classes": missing_classes, "skipped": [s.as_dict() for s in entries.skipped + result.skipped],
+            **result.extra}
+
+
+def manifest_content(record: dict, splits: dict[str, dict], class_names: list[str] | None,
+                     libraries: tuple[str, ...]) -> dict:
+    return {**record, **({"class_names": class_names} if class_names else {}),
+            "counts": {split: done["count"] for split, done in splits.items()},
+            "skipped": [{**skip, "split": split} for split, done in splits.items() for skip in done["skipped"]],
+            "versions": library_versions(*libraries), "splits": splits}
+
+
+@contextlib.contextmanager
+def scratch_in(out: Path):
+    """A folder in OUT for what a run keeps on disk besides its outputs (a source's scanned columns,
+    the write order), removed at the end, and OUT with it where the run made OUT and left nothing
+    there (a source's error met before anything was written)."""
+    made = not out.exists()
+    scratch = out / f".scan-{os.getpid()}"
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
 
 
 def recorded_as(manifest: dict) -> dict:
@@ -161,12 +190,6 @@ def recorded_as(manifest: dict) -> dict:
             "params": manifest.get("output_params", manifest.get("params")), "source": manifest.get("source"),
             "source_form": manifest.get("source_form", "imagefolder"),
             "source_options": manifest.get("source_options", {})}
-
-
-def empty_classes(labels: np.ndarray, classes: list[str]) -> list[str]:
-    """Names of the classes that have no sample in this split."""
-    present = set(np.unique(labels).tolist())
-    return [name for index, name in enumerate(classes) if index not in present]
 
 
 def same_content(previous: dict, content: dict) -> bool:

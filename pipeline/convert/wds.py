@@ -37,6 +37,7 @@ from pipeline.convert.options import RunOptions, WdsOptions
 from pipeline.convert.parallel import map_samples
 from pipeline.convert.reorder import Reorder
 from pipeline.convert.sources import Missing, Source
+from pipeline.convert.sources.entries import CHUNK
 from pipeline.convert.splits import SplitResult, run_conversion
 from pipeline.storage.atomic_files import replace_atomically
 from pipeline.formats.imagefolder import Skipped
@@ -81,10 +82,28 @@ def encoder(options: WdsOptions):
                    restart_markers=options.restart_markers)
 
 
-def write_order(count: int, split: str, seed: int) -> np.ndarray | None:
-    """The samples' indices in the order they are written: for train a seeded permutation; None
-    (the source's order) for the other splits."""
-    return np.random.default_rng(seed).permutation(count) if split == "train" else None
+def write_order(count: int, split: str, seed: int, folder: Path | None = None) -> np.ndarray | None:
+    """The samples' indices in the order they are written: for train a seeded permutation (in a
+    file under `folder` where given, so that memory does not grow with the count); None (the
+    source's order) for the other splits."""
+    if split != "train":
+        return None
+    if folder is None:
+        return np.random.default_rng(seed).permutation(count)
+    folder.mkdir(parents=True, exist_ok=True)
+    order = np.memmap(folder / "order.bin", np.int64, mode="w+", shape=(max(count, 1),))[:count]
+    for at in range(0, count, CHUNK):
+        order[at:at + CHUNK] = np.arange(at, min(at + CHUNK, count))
+    np.random.default_rng(seed).shuffle(order)      # permutation(count)'s very shuffle, on the file
+    return order
+
+
+def places(order: np.ndarray, folder: Path) -> np.ndarray:
+    """Each sample's place in the write order (the inverse of `order`), in a file under `folder`."""
+    place = np.memmap(folder / "place.bin", np.int64, mode="w+", shape=(max(len(order), 1),))[:len(order)]
+    for at in range(0, len(order), CHUNK):
+        place[order[at:at + CHUNK]] = np.arange(at, min(at + CHUNK, len(order)))
+    return place
 
 
 def encoded_in_write_order(source: Source, split: str, options: WdsOptions, num_workers: int, scratch: Path,
@@ -102,13 +121,12 @@ def encoded_in_write_order(source: Source, split: str, options: WdsOptions, num_
                 skipped.append(Skipped(source.name(split, index), result.reason, index))
             else:
                 yield index, result
-    order = write_order(len(entries), split, options.seed)
+    order = write_order(len(entries), split, options.seed, scratch)
     if order is None:
         yield from usable()
         return
-    place = np.empty(len(order), np.int64)
-    place[order] = np.arange(len(order))
-    reorder = Reorder(scratch, len(order), entries.mean_size())
+    place = places(order, scratch)
+    reorder = Reorder(scratch / "buckets", len(order), entries.mean_size())
     for index, result in usable():
         reorder.put(int(place[index]), result.jpeg, result.restart_markers)
     del place

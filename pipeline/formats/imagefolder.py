@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 # Extensions Pillow decodes that datasets in the wild use for photos.
 IMAGE_EXTENSIONS = frozenset({".jpeg", ".jpg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".gif"})
@@ -57,25 +58,32 @@ def find_classes(root: str | os.PathLike, splits: list[str]) -> list[str]:
     return sorted(classes)
 
 
-def scan_split(root: str | os.PathLike, split: str, classes: list[str]) -> tuple[list[Sample], list[Skipped]]:
-    """Every file under ROOT/<split>/<class>/, as samples (image extensions) or skips (the rest).
+def walk_split(root: str | os.PathLike, split: str, classes: list[str]) -> Iterator[Sample | Skipped]:
+    """Every file under ROOT/<split>/<class>/, in order, as a sample (an image extension) or a skip
+    (the rest), one at a time: a folder of millions of files is never held whole.
 
     Only the extension is judged here; whether the bytes decode is the caller's business.
     """
     split_dir = Path(root) / split
     label_of = {name: index for index, name in enumerate(classes)}
-    samples: list[Sample] = []
-    skipped: list[Skipped] = []
     for entry in sorted(os.scandir(split_dir), key=lambda e: e.name):
         if not entry.is_dir():
-            skipped.append(Skipped(entry.path, "not inside a class folder"))
+            yield Skipped(entry.path, "not inside a class folder")
             continue
         for dirpath, dirnames, filenames in os.walk(entry.path, followlinks=True):
             dirnames.sort()
             for filename in sorted(filenames):
                 path = os.path.join(dirpath, filename)
                 if Path(filename).suffix.lower() in IMAGE_EXTENSIONS:
-                    samples.append(Sample(path, label_of[entry.name], os.path.relpath(path, root)))
+                    yield Sample(path, label_of[entry.name], os.path.relpath(path, root))
                 else:
-                    skipped.append(Skipped(path, f"not an image file name (extension {Path(filename).suffix or 'none'!r})"))
+                    yield Skipped(path, f"not an image file name (extension {Path(filename).suffix or 'none'!r})")
+
+
+def scan_split(root: str | os.PathLike, split: str, classes: list[str]) -> tuple[list[Sample], list[Skipped]]:
+    """`walk_split`'s samples and skips, as two lists."""
+    samples: list[Sample] = []
+    skipped: list[Skipped] = []
+    for found in walk_split(root, split, classes):
+        (samples if isinstance(found, Sample) else skipped).append(found)
     return samples, skipped

@@ -158,6 +158,7 @@ class ShardWriter:
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size, info.mode, info.mtime = len(data), 0o444, 0
             self.tar.addfile(info, io.BytesIO(data))
+            self.tar.members.clear()        # tarfile keeps every member it wrote; a shard of small images, 100s of MB
             # The data ends the member's padded blocks, the header(s) come before them.
             entries.append((ext, self.tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE, len(data),
                             info.name))

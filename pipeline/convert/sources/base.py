@@ -1,23 +1,23 @@
 """What every source gives the converters (`Source`): its labelled splits and classes, and per split
-its samples as `Entries`, in a deterministic order, each with its label and where its bytes lie (a
-whole file, a byte range of a file or object, a parquet cell); a fingerprint that changes when the
-source does; and `read`, which fetches a block of samples' bytes with as few reads as it can.
-
-Entries are columns of numbers, not objects: ImageNet's 1.28 million train images take about 30
-MiB, so memory stays bounded by the dataset's count, never by its bytes. Names (for messages) are
-made on demand by `name`.
+its samples as `Entries` (pipeline/convert/sources/entries.py), in a deterministic order, each with
+its label and where its bytes lie (a whole file, a byte range of a file or object, a parquet cell);
+a fingerprint that changes when the source does; and `read`, which fetches a block of samples'
+bytes with as few reads as it can. A scan keeps no object per sample: its columns go to files
+under `scratch` where the converter gives one, and names of tar members are read again on demand
+(`name`) for the few messages that need them.
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from pipeline.convert.errors import ConversionError
+from pipeline.convert.sources.entries import CHUNK, Entries, EntriesBuilder
 from pipeline.convert.sources.files import SourceFiles
-from pipeline.formats.imagefolder import Skipped
 
 BLOCK_BYTES = 4 << 20        # a block of neighbouring samples read at once
 BLOCK_SAMPLES = 64
@@ -39,46 +39,6 @@ class SourceOptions:
                 if value}
 
 
-@dataclass
-class Entries:
-    """A split's samples in the source's order: per sample its label, its file (an index into
-    `files`), the offset of its bytes there (a parquet file: its row) and their size (a parquet
-    cell: its row group's mean); `header_back`, for tar members, how far
-    before its data its headers start. `skipped`: what the scan found that cannot be a sample."""
-    labels: np.ndarray
-    file: np.ndarray
-    offset: np.ndarray
-    size: np.ndarray
-    files: list[str]
-    skipped: list[Skipped] = field(default_factory=list)
-    header_back: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    @classmethod
-    def of_files(cls, files: list[str], labels, sizes, skipped: list[Skipped]) -> Entries:
-        """Samples that are files of their own."""
-        n = len(files)
-        return cls(np.asarray(labels, np.int32).reshape(n), np.arange(n, dtype=np.int32), np.zeros(n, np.int64),
-                   np.asarray(sizes, np.int64).reshape(n), files, skipped)
-
-    @classmethod
-    def joined(cls, parts: list[Entries], files: list[str], skipped: list[Skipped]) -> Entries:
-        """Parts whose `file` columns already index `files`, one after the other."""
-        def column(name, dtype):
-            arrays = [getattr(part, name) for part in parts]
-            return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
-        backs = [part.header_back for part in parts]
-        header_back = column("header_back", np.int32) if parts and all(b is not None for b in backs) else None
-        return cls(column("labels", np.int32), column("file", np.int32), column("offset", np.int64),
-                   column("size", np.int64), files, skipped, header_back)
-
-    def mean_size(self, default: int = 128 << 10) -> int:
-        known = self.size[self.size >= 0]
-        return int(known.mean()) if len(known) else default
-
-
 class Source:
     """One form of data on disk or at a URL; a subclass reads one form (one file each in
     pipeline/convert/sources/). Errors about the source as a whole are ConversionErrors (one line, exit 2)."""
@@ -91,6 +51,10 @@ class Source:
         self.files, self.options = files, options
         self._entries: dict[str, Entries] = {}
         self.used_classes: list[str] | None = None
+        self.scratch: Path | None = None     # where a scan keeps its columns (None: in memory)
+
+    def builder(self, split: str) -> EntriesBuilder:
+        return EntriesBuilder(self.scratch / split if self.scratch is not None else None)
 
     def use_classes(self, classes: list[str]) -> None:
         """Label samples by their class's place in `classes` (this conversion's, or a manifest's)."""
@@ -204,21 +168,24 @@ def files_fingerprint(source: Source, split: str, extra: list[str] = ()) -> str:
     digest = hashlib.sha256()
     for name in extra:
         digest.update(f"{name}\0{files.signature(name)}\n".encode())
-    for name, label in zip(entries.files, entries.labels.tolist()):
+    labels = (label for at in range(0, len(entries), CHUNK) for label in entries.labels[at:at + CHUNK].tolist())
+    for name, label in zip(entries.files, labels):
         digest.update(f"{name}\0{label}\0{files.signature(name)}\n".encode())
     return digest.hexdigest()
 
 
 def neighbour_blocks(entries: Entries) -> Iterator[np.ndarray]:
     """Runs of consecutive samples of one file, each up to BLOCK_BYTES and BLOCK_SAMPLES."""
-    start, total, n = 0, 0, len(entries)
-    for index in range(n):
-        total += max(0, int(entries.size[index]))
-        ends = (index + 1 == n or entries.file[index + 1] != entries.file[index]
-                or index + 1 - start >= BLOCK_SAMPLES or total >= BLOCK_BYTES)
-        if ends:
-            yield np.arange(start, index + 1)
-            start, total = index + 1, 0
+    start, total = 0, 0
+    for at in range(0, len(entries), CHUNK):
+        sizes = entries.size[at:at + CHUNK].tolist()
+        files = entries.file[at:at + CHUNK + 1].tolist()
+        for offset, size in enumerate(sizes):
+            index, total = at + offset, total + max(0, size)
+            if (offset + 1 == len(files) or files[offset + 1] != files[offset]
+                    or index + 1 - start >= BLOCK_SAMPLES or total >= BLOCK_BYTES):
+                yield np.arange(start, index + 1)
+                start, total = index + 1, 0
 
 
 def canonical_split(name: str) -> str:

@@ -8,7 +8,7 @@ import os
 
 from pipeline.convert.errors import ConversionError
 from pipeline.convert.sources.base import Entries, Source
-from pipeline.formats.imagefolder import LayoutError, find_classes, scan_split
+from pipeline.formats.imagefolder import LayoutError, Skipped, find_classes, walk_split
 
 
 USUAL_SPLITS = ("train", "val")
@@ -40,20 +40,21 @@ class ImageFolderSource(Source):
         return find_classes(self.files.path, splits)
 
     def scan(self, split: str) -> Entries:
+        builder, digest = self.builder(split), hashlib.sha256()
         try:
-            samples, skipped = scan_split(self.files.path, split, self.used_classes)
+            for found in walk_split(self.files.path, split, self.used_classes):
+                if isinstance(found, Skipped):
+                    builder.skipped.append(found)
+                    continue
+                stat = os.stat(found.path)
+                # The fingerprint converters before sources wrote: their outputs stay up to date
+                digest.update(f"{found.relpath}\0{found.label}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+                builder.add_file(found.relpath, found.label, stat.st_size)
         except KeyError as error:
             raise ConversionError(f"{self.files.path / split}: class folder {error.args[0]!r} is not one of the "
                                   f"dataset's classes") from None
-        digest, sizes = hashlib.sha256(), []
-        for sample in samples:
-            stat = os.stat(sample.path)
-            sizes.append(stat.st_size)
-            # The fingerprint converters before sources wrote: their outputs stay up to date
-            digest.update(f"{sample.relpath}\0{sample.label}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
         self._fingerprints = {**getattr(self, "_fingerprints", {}), split: digest.hexdigest()}
-        return Entries.of_files([sample.relpath for sample in samples], [sample.label for sample in samples],
-                                sizes, skipped)
+        return builder.build()
 
     def fingerprint(self, split: str) -> str:
         self.entries(split)

@@ -15,13 +15,12 @@ import io
 import re
 import tarfile
 from bisect import bisect_right
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from pipeline.convert.errors import ConversionError
 from pipeline.convert.sources.base import Entries, Source
-from pipeline.convert.sources.tars import TarScan, scan_tar
+from pipeline.convert.sources.tars import TarScan, scan_tar, scanned_in_order
 from pipeline.formats.imagefolder import Skipped
 from pipeline.formats.tar_members import TarDamaged, member_name, tar_members
 
@@ -30,7 +29,6 @@ TESTS = ("ILSVRC2012_img_test_v10102019.tar", "ILSVRC2012_img_test.tar")
 META, GROUND_TRUTH = "data/meta.mat", "data/ILSVRC2012_validation_ground_truth.txt"
 VAL_NAME = re.compile(r"^ILSVRC2012_val_(\d{8})\.JPEG$")
 CLASS_TAR = re.compile(r"^(n\d{8})\.tar$")
-SCAN_THREADS = 8               # class tars scanned at once (their headers are small reads)
 
 
 class ImageNetSource(Source):
@@ -108,11 +106,12 @@ class ImageNetSource(Source):
 
     def _scan_train(self) -> Entries:
         place = {wnid: label for label, wnid in enumerate(self.used_classes)}
-        where, skipped, tars = self.files.shown(TRAIN), [], []
+        where, builder, tars = self.files.shown(TRAIN), self.builder("train"), []
         for member in self._class_tars():
             found = CLASS_TAR.match(member.name)
             if member.refused or not found:
-                skipped.append(Skipped(f"{where}:{member.name}", member.refused or "not a class tar (<wnid>.tar)"))
+                builder.skipped.append(Skipped(f"{where}:{member.name}",
+                                               member.refused or "not a class tar (<wnid>.tar)"))
             elif found[1] not in place:
                 raise ConversionError(f"{where}:{member.name}: {found[1]} is not a class of the devkit's leaf synsets")
             else:
@@ -122,18 +121,16 @@ class ImageNetSource(Source):
             member, label = item
             return scan_tar(self._reader(TRAIN), member.data_at, member.size, f"{where}:{member.name}",
                             lambda name: label)
-        with ThreadPoolExecutor(SCAN_THREADS) as pool:
-            scans = list(pool.map(scan_class, tars))
         self._containers = [(member.data_at, member.size, member.name) for member, _ in tars]
-        for scan in scans:
-            skipped += scan.skipped
+        for scan in scanned_in_order(scan_class, tars):
             if scan.damage:
                 self._damaged(scan.damage)
-        return Entries.joined([scan.entries for scan in scans], [TRAIN], skipped)
+            scan.add_to(builder)
+        return builder.build([TRAIN])
 
-    def _damaged(self, message: str) -> None:
+    def _damaged(self, damage: TarDamaged) -> None:
         if self.options.strict:
-            raise ConversionError(f"{message}; --strict stops here (without it, its samples are skipped)")
+            raise ConversionError(f"{damage}; --strict stops here (without it, its samples are skipped)")
 
     def _scan_val(self) -> Entries:
         leaves, truth = self._devkit()
@@ -158,7 +155,9 @@ class ImageNetSource(Source):
             raise ConversionError(f"{self.files.shown(DEVKIT)}:{GROUND_TRUTH}: {len(truth):,} lines for "
                                   f"{len(seen):,} images in {where}")
         self._val_size = size
-        return Entries.joined([scan.entries], [VAL], scan.skipped)
+        builder = self.builder("val")
+        scan.add_to(builder)
+        return builder.build([VAL])
 
     def _member(self, tar: str, container_at: int, container_size: int, header_at: int) -> str:
         return member_name(self._reader(tar), container_at, container_size, header_at)

@@ -67,37 +67,35 @@ class KaggleSource(Source):
     def scan(self, split: str) -> Entries:
         place = {wnid: label for label, wnid in enumerate(self.used_classes)}
         root = self.files.full(f"{DATA}/{split}")
-        names, labels, sizes, skipped = [], [], [], []
+        builder = self.builder(split)
         if split == "train":
             for folder in sorted(os.scandir(root), key=lambda e: e.name):
                 if not folder.is_dir():
-                    skipped.append(Skipped(folder.path, "not inside a class folder"))
+                    builder.skipped.append(Skipped(folder.path, "not inside a class folder"))
                     continue
                 if folder.name not in place:
                     raise ConversionError(f"{folder.path}: {folder.name} is not a class of {self.files.shown(MAPPING)}")
-                self._add_folder(folder.path, place[folder.name], names, labels, sizes, skipped)
+                self._add_folder(folder.path, place[folder.name], builder)
         else:
             truth = self._val_truth(place)
-            self._add_folder(str(root), None, names, labels, sizes, skipped, truth)
+            self._add_folder(str(root), None, builder, truth)
             if truth:
                 extra = sorted(truth)[:3]
                 raise ConversionError(f"{self.files.shown(VAL_LABELS)}: {len(truth):,} rows name images that are not "
                                       f"in {root} (e.g. {', '.join(extra)})")
-        return Entries.of_files(names, labels, sizes, skipped)
+        return builder.build()
 
-    def _add_folder(self, folder: str, label: int | None, names, labels, sizes, skipped, truth=None) -> None:
+    def _add_folder(self, folder: str, label: int | None, builder, truth=None) -> None:
         for path in sorted(os.path.join(folder, name) for name in os.listdir(folder)):
             stem, extension = os.path.splitext(os.path.basename(path))
             if extension.lower() not in IMAGE_EXTENSIONS or not os.path.isfile(path):
-                skipped.append(Skipped(path, f"not an image file name (extension {extension or 'none'!r})"))
+                builder.skipped.append(Skipped(path, f"not an image file name (extension {extension or 'none'!r})"))
                 continue
             if truth is not None:
                 if stem not in truth:
                     raise ConversionError(f"{self.files.shown(VAL_LABELS)}: no row for {stem} ({path})")
                 label = truth.pop(stem)
-            names.append(os.path.relpath(path, self.files.path))
-            labels.append(label)
-            sizes.append(os.path.getsize(path))
+            builder.add_file(os.path.relpath(path, self.files.path), label, os.path.getsize(path))
 
     def _val_truth(self, place: dict[str, int]) -> dict[str, int]:
         """{ImageId: label} from the val solution: the first WNID of each PredictionString."""

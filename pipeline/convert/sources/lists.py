@@ -6,9 +6,9 @@ their place in the sorted names."""
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
+from typing import Iterator
 
 from pipeline.convert.errors import ConversionError
 from pipeline.convert.sources.base import Entries, Source, canonical_split, files_fingerprint, label_list
@@ -42,36 +42,29 @@ class ListSource(Source):
     def splits(self) -> list[str]:
         return sorted(self._lists(self.files))
 
-    def _rows(self, split: str) -> list[tuple[int, str, object]]:
-        """(line, path, label) per row of the split's list, labels as given (int or str)."""
-        if not hasattr(self, "_read"):
-            self._read: dict[str, list] = {}
-        if split in self._read:
-            return self._read[split]
+    def _rows(self, split: str) -> Iterator[tuple[int, str, object]]:
+        """(line, path, label) per row of the split's list, labels as given (int or str), one at a time."""
         name = self._lists(self.files)[split]
         where = self.files.shown(name)
-        text = self.files.read(name).decode("utf-8-sig")
-        rows = []
-        if name.endswith(".csv"):
-            reader = csv.DictReader(io.StringIO(text))
-            columns = reader.fieldnames or []
-            if not {"path", "label"} <= set(columns):
-                raise ConversionError(f"{where}: columns {columns}; a list needs 'path' and 'label'")
-            for row in reader:
-                label = row["label"].strip()
-                rows.append((reader.line_num, row["path"], int(label) if label.lstrip("-").isdigit() else label))
-        else:
-            for number, line in enumerate(text.splitlines(), 1):
+        with open(self.files.full(name), encoding="utf-8-sig", newline="") as text:
+            if name.endswith(".csv"):
+                reader = csv.DictReader(text)
+                columns = reader.fieldnames or []
+                if not {"path", "label"} <= set(columns):
+                    raise ConversionError(f"{where}: columns {columns}; a list needs 'path' and 'label'")
+                for row in reader:
+                    label = (row["label"] or "").strip()
+                    yield reader.line_num, row["path"], int(label) if label.lstrip("-").isdigit() else label
+                return
+            for number, line in enumerate(text, 1):
                 if not line.strip():
                     continue
                 try:
                     row = json.loads(line)
-                    rows.append((number, row["path"], row["label"]))
+                    yield number, row["path"], row["label"]
                 except (ValueError, KeyError, TypeError) as error:
                     raise ConversionError(f"{where}: line {number}: not an object with 'path' and 'label' "
                                           f"({type(error).__name__}: {error})") from None
-        self._read[split] = rows
-        return rows
 
     def _named_classes(self) -> list[str] | None:
         if not self.files.exists(CLASSES):
@@ -82,13 +75,16 @@ class ListSource(Source):
         named = self._named_classes()
         if named is not None:
             return named
-        labels = [label for split in splits for _, _, label in self._rows(split)]
-        return label_list(labels, f"{self.files.root}: the lists of {', '.join(splits)}")[0]
+        numbers, names = set(), set()
+        for split in splits:
+            for _, _, label in self._rows(split):
+                (numbers if isinstance(label, int) else names).add(label)
+        return label_list(sorted(numbers) + sorted(names), f"{self.files.root}: the lists of {', '.join(splits)}")[0]
 
     def scan(self, split: str) -> Entries:
         where = self.files.shown(self._lists(self.files)[split])
         place = {name: label for label, name in enumerate(self.used_classes)}
-        names, labels, sizes, skipped = [], [], [], []
+        builder = self.builder(split)
         for line, path, label in self._rows(split):
             if isinstance(label, int) and not 0 <= label < len(self.used_classes):
                 raise ConversionError(f"{where}: line {line}: label {label} is out of range (the classes number "
@@ -99,12 +95,11 @@ class ListSource(Source):
             try:
                 size = os.stat(full).st_size
             except OSError as error:
-                skipped.append(Skipped(str(full), f"listed on line {line} of {where}, but {error.strerror.lower()}"))
+                builder.skipped.append(Skipped(str(full), f"listed on line {line} of {where}, but "
+                                                          f"{error.strerror.lower()}"))
                 continue
-            names.append(path)
-            labels.append(label if isinstance(label, int) else place[label])
-            sizes.append(size)
-        return Entries.of_files(names, labels, sizes, skipped)
+            builder.add_file(path, label if isinstance(label, int) else place[label], size)
+        return builder.build()
 
     def fingerprint(self, split: str) -> str:
         extra = [self._lists(self.files)[split]] + ([CLASSES] if self.files.exists(CLASSES) else [])

@@ -154,40 +154,34 @@ class ParquetSource(Source):
         names = self._card_names()
         if names:
             return names
-        top = max((int(labels.max()) for split in splits for labels in self._labels(split) if len(labels)), default=-1)
+        top = max((int(labels.max()) for split in splits for _, labels in self._labels(split) if len(labels)),
+                  default=-1)
         return [str(i) for i in range(top + 1)]
 
     def class_names(self, splits: list[str]) -> list[str] | None:
         return self._card_names()
 
-    def _labels(self, split: str) -> list[np.ndarray]:
-        """Each file's label column."""
-        if not hasattr(self, "_label_columns"):
-            self._label_columns = {}
-        if split not in self._label_columns:
-            columns = []
-            for name in self._files()[split]:
-                table = self.parquet(name).read(columns=["label"])
-                columns.append(table.column("label").to_numpy(zero_copy_only=False).astype(np.int64))
-            self._label_columns[split] = columns
-        return self._label_columns[split]
+    def _labels(self, split: str) -> Iterator[tuple[str, np.ndarray]]:
+        """(file, its label column), a file at a time."""
+        for name in self._files()[split]:
+            table = self.parquet(name).read(columns=["label"])
+            yield name, table.column("label").to_numpy(zero_copy_only=False).astype(np.int64)
 
     def scan(self, split: str) -> Entries:
-        names, parts, skipped = self._files()[split], [], []
-        for number, (name, labels) in enumerate(zip(names, self._labels(split))):
+        builder = self.builder(split)
+        for number, (name, labels) in enumerate(self._labels(split)):
             where = self.files.shown(name)
             unlabelled = labels == -1
             if unlabelled.any():
-                skipped.append(Skipped(where, f"{int(unlabelled.sum()):,} rows labelled -1 (a test split's): skipped"))
+                builder.skipped.append(Skipped(where, f"{int(unlabelled.sum()):,} rows labelled -1 (a test split's): "
+                                                      f"skipped"))
             bad = np.flatnonzero((labels < -1) | (labels >= len(self.used_classes)))
             if len(bad):
                 raise ConversionError(f"{where}: row {bad[0]}: label {labels[bad[0]]} is out of range (the classes "
                                       f"number {len(self.used_classes)})")
             rows = np.flatnonzero(~unlabelled)
-            sizes = self._mean_sizes(name)
-            parts.append(Entries(labels[rows].astype(np.int32), np.full(len(rows), number, np.int32),
-                                 rows.astype(np.int64), sizes[self._row_group_of(name, rows)], names))
-        return Entries.joined(parts, list(names), skipped)
+            builder.add(labels[rows], number, rows, self._mean_sizes(name)[self._row_group_of(name, rows)])
+        return builder.build(list(self._files()[split]))
 
     def _row_starts(self, name: str) -> list[int]:
         """The first row of each row group of the file."""
@@ -215,12 +209,12 @@ class ParquetSource(Source):
     def blocks(self, split: str) -> Iterator[np.ndarray]:
         """One block a row group: what the file is read by."""
         entries = self.entries(split)
+        bounds = np.searchsorted(entries.file, np.arange(len(entries.files) + 1))   # a file's samples are neighbours
         for number, name in enumerate(entries.files):
-            where = np.flatnonzero(entries.file == number)
-            if not len(where):
-                continue
-            groups = self._row_group_of(name, entries.offset[where])
-            yield from np.split(where, np.flatnonzero(np.diff(groups)) + 1)
+            where = np.arange(bounds[number], bounds[number + 1])
+            if len(where):
+                groups = self._row_group_of(name, np.asarray(entries.offset[where]))
+                yield from np.split(where, np.flatnonzero(np.diff(groups)) + 1)
 
     def read(self, split: str, indices: np.ndarray) -> list:
         entries = self.entries(split)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-from array import array
+from dataclasses import dataclass
 
 import numpy as np
 
 from pipeline.convert.errors import ConversionError
 from pipeline.convert.sources.base import Entries, Source, canonical_split, label_list
+from pipeline.convert.sources.entries import CHUNK, relabelled
 from pipeline.formats.imagefolder import Skipped
 from pipeline.formats.tar_members import TarDamaged, tar_members
 
@@ -27,6 +28,12 @@ DEFAULT_PATTERNS = ("{split}/*.tar", "{split}-*.tar", "{split}_*.tar")
 SPLIT_STEMS = ("train", "val", "validation")
 SMALL = 64 << 10              # a label member read with its header
 _KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+
+
+@dataclass
+class _RawScan:
+    entries: Entries
+    names: list[str]          # where labels were class names: the names, in the order their ids were given
 
 
 class WebDatasetSource(Source):
@@ -68,55 +75,65 @@ class WebDatasetSource(Source):
         return f"{self.files.root}: {self.title}: {held}"
 
     def classes(self, splits: list[str]) -> list[str]:
-        labels = [label for split in splits for label in self._raw(split)[1]]
-        return label_list(labels, f"{self.files.root}: the labels of {', '.join(splits)}")[0]
+        numbers, names = set(), set()
+        for split in splits:
+            raw = self._raw(split)
+            (names.update(raw.names) if raw.names else numbers.update(
+                np.unique(np.asarray(raw.entries.labels)).tolist()))
+        return label_list(sorted(numbers) + sorted(names), f"{self.files.root}: the labels of {', '.join(splits)}")[0]
 
-    def _raw(self, split: str):
-        """(entries without labels, the labels as found: int or str), scanned once."""
+    def _raw(self, split: str) -> _RawScan:
+        """The split's samples as scanned, labels as found: integers, or places in `names`; once."""
         if not hasattr(self, "_scans"):
             self._scans = {}
         if split not in self._scans:
-            self._scans[split] = self._scan_tars(self._tars()[split][1])
+            self._scans[split] = self._scan_tars(split, self._tars()[split][1])
         return self._scans[split]
 
     def scan(self, split: str) -> Entries:
-        entries, found = self._raw(split)
-        place = {name: label for label, name in enumerate(self.used_classes)}
-        labels = np.array([label if isinstance(label, int) else place[label] for label in found], np.int32)
-        if len(labels) and (labels.max() >= len(self.used_classes)):
-            raise ConversionError(f"{self.files.root}: label {labels.max()} in {split} is out of range (the "
-                                  f"classes number {len(self.used_classes)})")
-        return Entries(labels, entries.file, entries.offset, entries.size, entries.files, entries.skipped,
-                       entries.header_back)
+        raw = self._raw(split)
+        entries = raw.entries
+        if raw.names:
+            place = {name: label for label, name in enumerate(self.used_classes)}
+            entries.labels = relabelled(entries.labels, np.array([place[name] for name in raw.names], np.int32),
+                                        self.scratch)
+            raw.names = []           # relabelled once: the column now holds the classes' places
+        top = max((int(entries.labels[at:at + CHUNK].max()) for at in range(0, len(entries), CHUNK)), default=-1)
+        if top >= len(self.used_classes):
+            raise ConversionError(f"{self.files.root}: label {top} in {split} is out of range (the classes number "
+                                  f"{len(self.used_classes)})")
+        return entries
 
-    def _scan_tars(self, names: list[str]) -> tuple[Entries, list]:
-        files, offsets, sizes, backs = array("i"), array("q"), array("q"), array("i")
-        labels, skipped = [], []
+    def _scan_tars(self, split: str, names: list[str]) -> _RawScan:
+        builder, label_names, numbers_seen = self.builder(split), {}, False
         for number, name in enumerate(names):
             where = self.files.shown(name)
             samples, refused, damage = self._samples(name, where)
-            skipped += refused
+            builder.skipped += refused
+            found = {"labels": [], "offsets": [], "sizes": [], "backs": []}
             for key, members in samples:
                 image = next((members[ext] for ext in IMAGE_EXTENSIONS if ext in members), None)
                 label, reason = self._label(name, members)
                 if image is None:
                     reason = f"no image member (.{', .'.join(IMAGE_EXTENSIONS)})"
                 if reason:
-                    skipped.append(Skipped(f"{where}:{key}", reason))
+                    builder.skipped.append(Skipped(f"{where}:{key}", reason))
                     continue
-                files.append(number)
-                offsets.append(image.data_at)
-                sizes.append(image.size)
-                backs.append(image.data_at - image.header_at)
-                labels.append(label)
+                if (numbers_seen and isinstance(label, str)) or (label_names and not isinstance(label, str)):
+                    raise ConversionError(f"{where}:{key}: labels mix integers and class names")
+                if isinstance(label, str):
+                    label = label_names.setdefault(label, len(label_names))
+                else:
+                    numbers_seen = True
+                for column, value in zip(found.values(), (label, image.data_at, image.size,
+                                                          image.data_at - image.header_at)):
+                    column.append(value)
+            builder.add(found["labels"], number, found["offsets"], found["sizes"], found["backs"])
             if damage:
                 if self.options.strict:
                     raise ConversionError(f"{damage}; --strict stops here (without it, its samples are skipped)")
-                skipped.append(Skipped(where, f"{damage.reason}; the rest of it is skipped"))
-        entries = Entries(np.zeros(len(labels), np.int32), np.frombuffer(files, np.int32).copy(),
-                          np.frombuffer(offsets, np.int64).copy(), np.frombuffer(sizes, np.int64).copy(),
-                          list(names), skipped, np.frombuffer(backs, np.int32).copy())
-        return entries, labels
+                builder.skipped.append(Skipped(where, f"{damage.reason}; the rest of it is skipped"))
+        return _RawScan(builder.build(list(names)), list(label_names))
 
     def _samples(self, name: str, where: str):
         """([(key, {extension: member})] in order, the members refused, where the tar broke off or None)."""
