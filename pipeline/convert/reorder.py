@@ -44,7 +44,7 @@ class Reorder:
                 for handle in self._open.popitem(last=False)[1]:
                     handle.close()
             path = self._path(bucket)
-            handles = (open(path, "ab", buffering=256 << 10), open(path.with_suffix(".idx"), "ab", buffering=4096))
+            handles = (open(path, "ab", buffering=64 << 10), open(path.with_suffix(".idx"), "ab", buffering=4096))
         self._open[bucket] = handles
         return handles
 

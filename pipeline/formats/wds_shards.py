@@ -21,6 +21,7 @@ import io
 import os
 import tarfile
 import zlib
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +50,6 @@ def sample_checksum(image, label_int32) -> int:
 def index_line(members: list[tuple[str, int, int, str]]) -> str:
     """A sample's line of the index, from (extension, data offset, size, name) per member."""
     return " ".join(f"{ext} {offset} {size} {name}" for ext, offset, size, name in members)
-
-
-def index_text(lines: list[str]) -> bytes:
-    return (f"{INDEX_VERSION} {len(lines)}\n" + "".join(line + "\n" for line in lines)).encode()
 
 
 def index_rows(text: str):
@@ -146,8 +143,8 @@ class ShardWriter:
         self.tar_file: HashingFile | None = None
         self.name = ""
         self.held = self.held_bytes = 0     # the current shard's samples, and its members' bytes
-        self.index_lines: list[str] = []   # the current shard's, one a sample
-        self.checksums: list[int] = []      # the current shard's, one a sample
+        self.index_lines = None            # the current shard's index lines, kept in a file until it closes
+        self.checksums = array("I")         # the current shard's, one a sample
 
     def add(self, key: str, members: dict[str, bytes]) -> None:
         size = sum(512 + -(-len(data) // 512) * 512 for data in members.values())
@@ -162,7 +159,7 @@ class ShardWriter:
             # The data ends the member's padded blocks, the header(s) come before them.
             entries.append((ext, self.tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE, len(data),
                             info.name))
-        self.index_lines.append(index_line(entries))
+        self.index_lines.write((index_line(entries) + "\n").encode())
         self.checksums.append(sample_checksum(members[IMAGE_MEMBER], members[LABEL_MEMBER]))
         self.held, self.held_bytes, self.count = self.held + 1, self.held_bytes + size, self.count + 1
 
@@ -171,20 +168,34 @@ class ShardWriter:
         self.name = SHARD_NAME.format(self.first_shard + len(self.shards))
         self.tar_file = HashingFile(self.folder / f"{self.name}.tar")
         self.tar = tarfile.open(fileobj=self.tar_file, mode="w", format=tarfile.USTAR_FORMAT)
+        self.index_lines = open(self.folder / f".{self.name}.idx-lines", "w+b")
 
     def _written(self, name: str, data: bytes) -> ShardFile:
         write_bytes_atomic(self.folder / name, data)
         return ShardFile(name, len(data), hashlib.sha256(data).hexdigest())
+
+    def _index_written(self) -> ShardFile:
+        """The index: its header, then the lines kept aside, copied a MiB at a time."""
+        name, lines = f"{self.name}.idx", self.index_lines
+        index = HashingFile(self.folder / name)
+        index.write(f"{INDEX_VERSION} {self.held}\n".encode())
+        lines.seek(0)
+        while chunk := lines.read(1 << 20):
+            index.write(chunk)
+        lines.close()
+        os.unlink(lines.name)
+        return ShardFile(name, index.close(), index.digest.hexdigest())
 
     def _close_current(self) -> None:
         if self.tar is None:
             return
         self.tar.close()
         tar = ShardFile(f"{self.name}.tar", self.tar_file.close(), self.tar_file.digest.hexdigest())
-        index = self._written(f"{self.name}.idx", index_text(self.index_lines))
-        checksums = self._written(f"{self.name}.crc32", np.array(self.checksums, "<u4").tobytes())
+        index = self._index_written()
+        checksums = self._written(f"{self.name}.crc32", np.frombuffer(self.checksums, np.uint32).astype("<u4").tobytes())
         self.shards.append(ShardRecord(self.held, tar, index, checksums).as_dict())
-        self.tar, self.tar_file, self.index_lines, self.checksums, self.held, self.held_bytes = None, None, [], [], 0, 0
+        self.tar, self.tar_file, self.index_lines, self.checksums = None, None, None, array("I")
+        self.held = self.held_bytes = 0
 
     def close(self) -> None:
         self._close_current()

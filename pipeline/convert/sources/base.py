@@ -95,12 +95,8 @@ class Source:
         raise NotImplementedError
 
     def fingerprint(self, split: str) -> str:
-        """Changes when any file the split is read from changes (by default: their sizes and times)."""
-        entries = self.entries(split)
-        digest = hashlib.sha256()
-        for name in sorted(set(entries.files)):
-            digest.update(f"{name}\0{self.files.signature(name)}\n".encode())
-        return digest.hexdigest()
+        """Changes when anything the split is read from changes (files_fingerprint for a form of files)."""
+        raise NotImplementedError
 
     def name(self, split: str, index: int) -> str:
         """The sample's name for messages: a path, or a tar and member, or a parquet file and row."""
@@ -192,16 +188,11 @@ def canonical_split(name: str) -> str:
     return SPLIT_ALIASES.get(name, name)
 
 
-def label_list(found: list, where: str) -> tuple[list[str], list[int]]:
-    """Classes and per-sample labels from labels given as integers (kept as they are: the classes are
-    their numbers) or as class names (the sorted names, labels their places); a mix is an error."""
-    if all(isinstance(label, int) for label in found):
-        if any(label < 0 for label in found):
-            raise ConversionError(f"{where}: negative label {min(found)}")
-        top = max(found, default=-1)
-        return [str(i) for i in range(top + 1)], list(found)
-    if all(isinstance(label, str) for label in found):
-        classes = sorted(set(found))
-        place = {name: i for i, name in enumerate(classes)}
-        return classes, [place[name] for name in found]
-    raise ConversionError(f"{where}: labels mix integers and class names")
+def class_list(numbers: set[int], names: set[str], where: str) -> list[str]:
+    """The classes of labels given as integers (kept as they are: the classes are their numbers) or
+    as class names (the sorted names); a mix is an error."""
+    if numbers and names:
+        raise ConversionError(f"{where}: labels mix integers and class names")
+    if any(number < 0 for number in numbers):
+        raise ConversionError(f"{where}: negative label {min(numbers)}")
+    return sorted(names) if names else [str(i) for i in range(max(numbers, default=-1) + 1)]

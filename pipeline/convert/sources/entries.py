@@ -16,7 +16,7 @@ import numpy as np
 from pipeline.formats.imagefolder import Skipped
 
 COLUMNS = {"labels": np.int32, "file": np.int32, "offset": np.int64, "size": np.int64, "header_back": np.int32}
-CHUNK = 1 << 16              # samples a column is read or rewritten by
+CHUNK = 1 << 14              # samples a column is read or rewritten by
 PART = 4096                  # files of their own held before they go to the columns
 
 
@@ -41,6 +41,12 @@ class Entries:
     def mean_size(self, default: int = 128 << 10) -> int:
         total = sum(int(self.size[at:at + CHUNK].sum()) for at in range(0, len(self), CHUNK))
         return total // len(self) if len(self) and total > 0 else default
+
+    def distinct_labels(self) -> set[int]:
+        found: set[int] = set()
+        for at in range(0, len(self), CHUNK):
+            found.update(np.unique(self.labels[at:at + CHUNK]).tolist())
+        return found
 
     def label_counts(self, classes: int) -> np.ndarray:
         counts = np.zeros(classes, np.int64)
@@ -92,7 +98,7 @@ class EntriesBuilder:
             self.parts[column].append(values)
             return
         if column not in self.handles:
-            self.handles[column] = open(self.folder / f"{column}.bin", "wb", buffering=1 << 20)
+            self.handles[column] = open(self.folder / f"{column}.bin", "wb", buffering=256 << 10)
         self.handles[column].write(values.tobytes())
 
     def add(self, labels, file, offset, size, header_back=None, names: list[str] | None = None) -> None:
@@ -133,8 +139,8 @@ class EntriesBuilder:
             self.name_parts.extend(names)
             return
         if "names" not in self.handles:
-            self.handles["names"] = open(self.folder / "names.bin", "wb", buffering=1 << 20)
-            self.handles["name_ends"] = open(self.folder / "name_ends.bin", "wb", buffering=1 << 20)
+            self.handles["names"] = open(self.folder / "names.bin", "wb", buffering=256 << 10)
+            self.handles["name_ends"] = open(self.folder / "name_ends.bin", "wb", buffering=256 << 10)
         self.handles["names"].write(b"".join(encoded))
         self.handles["name_ends"].write(ends.tobytes())
 

@@ -11,7 +11,7 @@ import os
 from typing import Iterator
 
 from pipeline.convert.errors import ConversionError
-from pipeline.convert.sources.base import Entries, Source, canonical_split, files_fingerprint, label_list
+from pipeline.convert.sources.base import Entries, Source, canonical_split, class_list, files_fingerprint
 from pipeline.formats.imagefolder import Skipped
 
 EXTENSIONS = (".csv", ".jsonl")
@@ -79,7 +79,7 @@ class ListSource(Source):
         for split in splits:
             for _, _, label in self._rows(split):
                 (numbers if isinstance(label, int) else names).add(label)
-        return label_list(sorted(numbers) + sorted(names), f"{self.files.root}: the lists of {', '.join(splits)}")[0]
+        return class_list(numbers, names, f"{self.files.root}: the lists of {', '.join(splits)}")
 
     def scan(self, split: str) -> Entries:
         where = self.files.shown(self._lists(self.files)[split])

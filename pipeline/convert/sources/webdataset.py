@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.convert.errors import ConversionError
-from pipeline.convert.sources.base import Entries, Source, canonical_split, label_list
+from pipeline.convert.sources.base import Entries, Source, canonical_split, class_list
 from pipeline.convert.sources.entries import CHUNK, relabelled
 from pipeline.formats.imagefolder import Skipped
 from pipeline.formats.tar_members import TarDamaged, tar_members
@@ -57,7 +57,7 @@ class WebDatasetSource(Source):
         found = {}
         for stem in SPLIT_STEMS:
             for pattern in DEFAULT_PATTERNS:
-                names = files.list(pattern.format(split=stem)) if files.remote or files.is_dir("") else []
+                names = files.list(pattern.format(split=stem))
                 if names and canonical_split(stem) not in found:
                     found[canonical_split(stem)] = (pattern.format(split=stem), names)
         return found
@@ -78,9 +78,11 @@ class WebDatasetSource(Source):
         numbers, names = set(), set()
         for split in splits:
             raw = self._raw(split)
-            (names.update(raw.names) if raw.names else numbers.update(
-                np.unique(np.asarray(raw.entries.labels)).tolist()))
-        return label_list(sorted(numbers) + sorted(names), f"{self.files.root}: the labels of {', '.join(splits)}")[0]
+            if raw.names:
+                names.update(raw.names)
+            else:
+                numbers.update(raw.entries.distinct_labels())
+        return class_list(numbers, names, f"{self.files.root}: the labels of {', '.join(splits)}")
 
     def _raw(self, split: str) -> _RawScan:
         """The split's samples as scanned, labels as found: integers, or places in `names`; once."""
