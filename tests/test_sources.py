@@ -110,6 +110,20 @@ def test_every_form_gives_each_image_the_folder_forms_label(script, read_labels,
     assert not any(spare_tmp.iterdir())
 
 
+def test_webdataset_labels_given_as_class_names_in_json_are_the_sorted_names_places(forms, tmp_path, capsys):
+    from benchmarks.source_forms import folder_images, write_webdataset
+    splits = {split: folder_images(forms["imagefolder"], split) for split in ("train", "val")}
+    write_webdataset(splits, CLASSES, tmp_path / "json", per_shard=5, label_key="class")
+    run_tool_here(capsys, "convert_wds.py", forms["imagefolder"], tmp_path / "folder", check=True)
+    run_tool_here(capsys, "convert_wds.py", tmp_path / "json", tmp_path / "out", "--label-key", "class", check=True)
+    assert wds_labels(tmp_path / "out") == wds_labels(tmp_path / "folder")
+    assert read_manifest(tmp_path / "out")["classes"] == CLASSES
+    assert read_manifest(tmp_path / "out")["source_options"] == {"label_key": "class"}
+    missing = run_tool_here(capsys, "convert_wds.py", tmp_path / "json", tmp_path / "no-key", "--splits", "val")
+    assert missing.returncode == 2 and "no image files in val" in missing.stderr
+    assert "no label (.cls, or .json with --label-key)" in missing.stderr
+
+
 def test_the_devkits_ids_are_not_the_sorted_order_so_the_labels_above_check_the_mapping(forms):
     from scipy.io import loadmat
     with tarfile.open(forms["imagenet"] / "ILSVRC2012_devkit_t12.tar.gz") as kit:

@@ -94,7 +94,9 @@ def run_conversion(run: RunOptions, options: ImageOptions, format_name: str, lib
         kept, todo, fingerprints = splits_to_convert(out, previous, record, source, splits, run.force)
         # Every split is read before anything is written: a source's errors are met with OUT untouched
         if todo and not sum(len(source.entries(split)) for split in todo):
-            raise ConversionError(f"{source.files.root}: no image files in {', '.join(todo)}")
+            skipped = [skip for split in todo for skip in source.entries(split).skipped]
+            why = f"; {len(skipped):,} skipped, the first {skipped[0].path}: {skipped[0].reason}" if skipped else ""
+            raise ConversionError(f"{source.files.root}: no image files in {', '.join(todo)}{why}")
         check_out_folder(out)
         started, converted = time.perf_counter(), 0
         for split in todo:

@@ -122,7 +122,7 @@ class ImageNetSource(Source):
             return scan_tar(self._reader(TRAIN), member.data_at, member.size, f"{where}:{member.name}",
                             lambda name: label)
         self._containers = [(member.data_at, member.size, member.name) for member, _ in tars]
-        for scan in scanned_in_order(scan_class, tars):
+        for scan in scanned_in_order(scan_class, tars, self.files.remote):
             if scan.damage:
                 self._damaged(scan.damage)
             scan.add_to(builder)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 from bisect import bisect_right
 from typing import Iterator
@@ -122,7 +123,6 @@ class ParquetSource(Source):
 
     def parquet(self, name: str):
         """The file's pyarrow ParquetFile, one open per process (a forked worker opens its own)."""
-        import os
         import pyarrow.parquet as pq
         if getattr(self, "_pid", None) != os.getpid():
             self._open, self._pid = {}, os.getpid()

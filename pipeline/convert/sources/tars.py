@@ -17,7 +17,8 @@ import numpy as np
 from pipeline.formats.imagefolder import IMAGE_EXTENSIONS, Skipped
 from pipeline.formats.tar_members import ReadAt, TarDamaged, tar_members
 
-SCAN_THREADS = 8
+# Tars scanned at once: a scan is one small read a member, a round trip each from a bucket
+SCAN_THREADS = {"local": 8, "remote": 64}
 
 
 @dataclass
@@ -58,13 +59,14 @@ def scan_tar(read_at: ReadAt, start: int, size: int, where: str, label_of: Calla
                    np.frombuffer(sizes, np.int64), np.frombuffer(backs, np.int32), skipped, damage)
 
 
-def scanned_in_order(scan: Callable, items: Iterable) -> Iterator[TarScan]:
+def scanned_in_order(scan: Callable, items: Iterable, remote: bool) -> Iterator:
     """scan(item) for each item, on threads, in order, a few ahead of the one handed on."""
-    with ThreadPoolExecutor(SCAN_THREADS) as pool:
+    threads = SCAN_THREADS["remote" if remote else "local"]
+    with ThreadPoolExecutor(threads) as pool:
         pending: deque = deque()
         for item in items:
             pending.append(pool.submit(scan, item))
-            if len(pending) >= 2 * SCAN_THREADS:
+            if len(pending) >= 2 * threads:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()

@@ -20,6 +20,7 @@ import numpy as np
 from pipeline.convert.errors import ConversionError
 from pipeline.convert.sources.base import Entries, Source, canonical_split, class_list
 from pipeline.convert.sources.entries import CHUNK, relabelled
+from pipeline.convert.sources.tars import scanned_in_order
 from pipeline.formats.imagefolder import Skipped
 from pipeline.formats.tar_members import TarDamaged, tar_members
 
@@ -107,53 +108,54 @@ class WebDatasetSource(Source):
         return entries
 
     def _scan_tars(self, split: str, names: list[str]) -> _RawScan:
+        """The tars' samples (read on threads, a tar each, handed on in order), labels as found."""
         builder, label_names, numbers_seen = self.builder(split), {}, False
-        for number, name in enumerate(names):
-            where = self.files.shown(name)
-            samples, refused, damage = self._samples(name, where)
-            builder.skipped += refused
-            found = {"labels": [], "offsets": [], "sizes": [], "backs": []}
-            for key, members in samples:
-                image = next((members[ext] for ext in IMAGE_EXTENSIONS if ext in members), None)
-                label, reason = self._label(name, members)
-                if image is None:
-                    reason = f"no image member (.{', .'.join(IMAGE_EXTENSIONS)})"
-                if reason:
-                    builder.skipped.append(Skipped(f"{where}:{key}", reason))
-                    continue
+        for number, (where, found, skipped, damage) in enumerate(scanned_in_order(self._scan_tar, names,
+                                                                                   self.files.remote)):
+            builder.skipped += skipped
+            labels = []
+            for key, label in zip(found["keys"], found["labels"]):
                 if (numbers_seen and isinstance(label, str)) or (label_names and not isinstance(label, str)):
                     raise ConversionError(f"{where}:{key}: labels mix integers and class names")
-                if isinstance(label, str):
-                    label = label_names.setdefault(label, len(label_names))
-                else:
-                    numbers_seen = True
-                for column, value in zip(found.values(), (label, image.data_at, image.size,
-                                                          image.data_at - image.header_at)):
-                    column.append(value)
-            builder.add(found["labels"], number, found["offsets"], found["sizes"], found["backs"])
+                numbers_seen = numbers_seen or not isinstance(label, str)
+                labels.append(label_names.setdefault(label, len(label_names)) if isinstance(label, str) else label)
+            builder.add(labels, number, found["offsets"], found["sizes"], found["backs"])
             if damage:
                 if self.options.strict:
                     raise ConversionError(f"{damage}; --strict stops here (without it, its samples are skipped)")
                 builder.skipped.append(Skipped(where, f"{damage.reason}; the rest of it is skipped"))
         return _RawScan(builder.build(list(names)), list(label_names))
 
-    def _samples(self, name: str, where: str):
-        """([(key, {extension: member})] in order, the members refused, where the tar broke off or None)."""
-        samples, refused, damage = [], [], None
+    def _scan_tar(self, name: str) -> tuple[str, dict[str, list], list[Skipped], TarDamaged | None]:
+        """(where, each usable sample's key, label as found, image offset, size and header distance, the
+        samples skipped, where the tar broke off) of one tar."""
+        where = self.files.shown(name)
+        found: dict[str, list] = {"keys": [], "labels": [], "offsets": [], "sizes": [], "backs": []}
+        samples, skipped, damage = [], [], None
         try:
             for member in tar_members(lambda at, size: self.files.read_at(name, at, size), 0, self.files.size(name),
                                       where, keep_data_below=SMALL):
-                found = _KEY.match(member.name)
-                if member.refused or not found:
-                    refused.append(Skipped(f"{where}:{member.name}", member.refused or "not a KEY.EXTENSION name"))
-                    continue
-                key, extension = found[1], found[2].lower()
-                if not samples or samples[-1][0] != key:
-                    samples.append((key, {}))
-                samples[-1][1][extension] = member
+                key = _KEY.match(member.name)
+                if member.refused or not key:
+                    skipped.append(Skipped(f"{where}:{member.name}", member.refused or "not a KEY.EXTENSION name"))
+                elif not samples or samples[-1][0] != key[1]:
+                    samples.append((key[1], {key[2].lower(): member}))
+                else:
+                    samples[-1][1][key[2].lower()] = member
         except TarDamaged as error:
             damage = error
-        return samples, refused, damage
+        for key, members in samples:
+            image = next((members[ext] for ext in IMAGE_EXTENSIONS if ext in members), None)
+            label, reason = self._label(name, members)
+            if image is None:
+                reason = f"no image member (.{', .'.join(IMAGE_EXTENSIONS)})"
+            if reason:
+                skipped.append(Skipped(f"{where}:{key}", reason))
+                continue
+            for column, value in zip(found.values(), (key, label, image.data_at, image.size,
+                                                      image.data_at - image.header_at)):
+                column.append(value)
+        return where, found, skipped, damage
 
     def _label(self, name: str, members: dict):
         """(the label as found, None) or (None, why there is none)."""
