@@ -6,7 +6,7 @@ beside FFCV's own DatasetWriter and webdataset's ShardWriter on the same images,
 SRC is an ImageNet-layout folder; its images are written once in each other form a converter reads
 (benchmarks/source_forms.py: official tars, Kaggle's layout, parquet, WebDataset tars, lists) in a
 temporary folder, and each converter runs on each form as a user runs it (a subprocess, --force, into
-a temporary folder) with each worker count. Prints the median wall-clock images/s (start-up and
+a temporary folder) with each worker count, the repeats going round the forms. Prints the median wall-clock images/s (start-up and
 imports included), per worker, the share of the folder form's rate, and the output's size. The
 peers: FFCV's DatasetWriter with its RGBImageField in jpg mode, fed Pillow-decoded arrays (what
 ffcv-imagenet's writer does), and webdataset's ShardWriter storing each file's bytes as they are
@@ -73,28 +73,22 @@ def output_bytes(out: Path) -> int:
     return sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def converter_runs(script: str, src: Path, workers: int, repeats: int) -> tuple[list[float], int, int]:
-    """(seconds of each run, images converted, output bytes)."""
-    seconds, images, size = [], 0, 0
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "out"
-            seconds.append(run_once([sys.executable, str(ROOT / "tools" / script), str(src), str(out), "--force",
-                                     "--num-workers", str(workers)], out))
-            images, size = sum(read_manifest(out)["counts"].values()), output_bytes(out)
-    return seconds, images, size
+def converter_run(script: str, src: Path, workers: int) -> tuple[float, int, int]:
+    """(seconds, images converted, output bytes) of one run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        seconds = run_once([sys.executable, str(ROOT / "tools" / script), str(src), str(out), "--force",
+                            "--num-workers", str(workers)], out)
+        return seconds, sum(read_manifest(out)["counts"].values()), output_bytes(out)
 
 
-def peer_runs(peer: str, src: Path, workers: int, repeats: int) -> tuple[list[float], int, int]:
-    """A peer's runs on SRC's train split."""
-    images = sum(1 for _ in (src / "train").glob("*/*"))
-    seconds, size = [], 0
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / ("train.beton" if peer == "ffcv-writer" else "out")
-            seconds.append(run_once([sys.executable, "-c", PEER_SCRIPT[peer], str(src), str(out), str(workers)], out))
-            size = out.stat().st_size if out.is_file() else output_bytes(out)
-    return seconds, images, size
+def peer_run(peer: str, src: Path, workers: int) -> tuple[float, int, int]:
+    """A peer's run on SRC's train split."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / ("train.beton" if peer == "ffcv-writer" else "out")
+        seconds = run_once([sys.executable, "-c", PEER_SCRIPT[peer], str(src), str(out), str(workers)], out)
+        size = out.stat().st_size if out.is_file() else output_bytes(out)
+    return seconds, sum(1 for _ in (src / "train").glob("*/*")), size
 
 
 def main() -> int:
@@ -115,26 +109,32 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="forms-") as tmp:
         sources = {"imagefolder": args.src, **write_forms(args.src, Path(tmp), [f for f in forms if f != "imagefolder"],
                                                           parquet_rows=PARQUET_ROWS)}
-        runs = [(name, form, workers, lambda f=form, w=workers, n=name: converter_runs(CONVERTERS[n], sources[f], w,
-                                                                                        args.repeats))
-                for name in args.formats.split(",") for workers in map(int, args.workers.split(",")) for form in forms]
-        runs += [(peer, "imagefolder", workers, lambda p=peer, w=workers: peer_runs(p, args.src, w, args.repeats))
-                 for peer in args.peers.split(",") if peer in PEERS for workers in map(int, args.workers.split(","))
-                 if peer == "ffcv-writer" or workers == 1]
+        groups = [[(name, form, workers, lambda f=form, w=workers, n=name: converter_run(CONVERTERS[n], sources[f], w))
+                   for form in forms] for name in args.formats.split(",") for workers in map(int, args.workers.split(","))]
+        groups += [[(peer, "imagefolder", workers, lambda p=peer, w=workers: peer_run(p, args.src, w))]
+                   for peer in args.peers.split(",") if peer in PEERS for workers in map(int, args.workers.split(","))
+                   if peer == "ffcv-writer" or workers == 1]
         folder_rate = {}
-        for name, form, workers, run in runs:
-            seconds_all, images, size = run()
-            seconds = statistics.median(seconds_all)
-            rate = images / seconds
-            if form == "imagefolder" and name in CONVERTERS:
-                folder_rate[name, workers] = rate
-            share = rate / folder_rate[name, workers] if (name, workers) in folder_rate else float("nan")
-            print(f"{name:<16} {form:<12} {workers:>7} {images:>7} {seconds:>9.2f} {rate:>7.0f} {rate / workers:>7.0f} "
-                  f"{share:>9.2f} {size / 2**20:>7.1f}", flush=True)
-            rows.append({"benchmark": "conversion", "format": name, "source_form": form, "workers": workers,
-                         "source": str(args.src), "images": images, "seconds_median": seconds,
-                         "seconds_all": seconds_all, "img_per_s": rate, "img_per_s_per_worker": rate / workers,
-                         "share_of_folder_form": None if share != share else share, "output_bytes": size})
+        for group in groups:
+            # Repeats go round the group's forms, so that a drifting machine slows each form alike
+            results = {form: [] for _, form, _, _ in group}
+            for _ in range(args.repeats):
+                for _, form, _, run in group:
+                    results[form].append(run())
+            for name, form, workers, _ in group:
+                seconds_all = [seconds for seconds, _, _ in results[form]]
+                _, images, size = results[form][0]
+                seconds = statistics.median(seconds_all)
+                rate = images / seconds
+                if form == "imagefolder" and name in CONVERTERS:
+                    folder_rate[name, workers] = rate
+                share = rate / folder_rate[name, workers] if (name, workers) in folder_rate else float("nan")
+                print(f"{name:<16} {form:<12} {workers:>7} {images:>7} {seconds:>9.2f} {rate:>7.0f} "
+                      f"{rate / workers:>7.0f} {share:>9.2f} {size / 2**20:>7.1f}", flush=True)
+                rows.append({"benchmark": "conversion", "format": name, "source_form": form, "workers": workers,
+                             "source": str(args.src), "images": images, "seconds_median": seconds,
+                             "seconds_all": seconds_all, "img_per_s": rate, "img_per_s_per_worker": rate / workers,
+                             "share_of_folder_form": None if share != share else share, "output_bytes": size})
     append_results(rows, hardware)
     return 0
 
