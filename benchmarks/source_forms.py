@@ -21,7 +21,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import numpy as np
 

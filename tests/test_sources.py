@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from benchmarks.source_forms import write_devkit, write_forms, write_official, wnids
+from benchmarks.source_forms import write_devkit, write_forms, wnids
 from conftest import read_manifest, run_tool_here
 
 CLASSES = ["ant", "bee", "crème"]         # sorted

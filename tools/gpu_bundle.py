@@ -54,6 +54,8 @@ from gpu_bundle_install import (FORMAT, MANIFEST, BundleError, distribution, ins
 
 # What the node is taken to have: built against its own CUDA and Python, too big to carry.
 NODE_HAS = {"torch", "numpy", "numba", "llvmlite", "pillow", "opencv-python", "opencv-python-headless"}
+# What the GPU check never runs: reading parquet and ImageNet's devkit, which converting does where the data is.
+NOT_CARRIED = {"pyarrow", "scipy"}
 # DALI's optional codec libraries (nvTIFF and nvJPEG2000 decoders, nvCOMP's GPU decompression).
 DALI_OPTIONAL = re.compile(r"nvidia-(libnvcomp|nvjpeg2k|nvtiff)")
 JPEG_KIT_PACKAGES = ("libjpeg62-turbo", "libjpeg62-turbo-dev")
@@ -161,7 +163,7 @@ def gather_nginx(kit: Path) -> None:
 
 
 def gather_base(dest: Path, python: str, python_version: str) -> None:
-    carried = [spec for spec in setup_specs("REST_SPECS") if requirement_name(spec) not in NODE_HAS]
+    carried = [spec for spec in setup_specs("REST_SPECS") if requirement_name(spec) not in NODE_HAS | NOT_CARRIED]
     pip_download(carried, dest, python_version)
     run(["bash", str(ROOT / "tools" / "ffcv_wheel.sh"), str(dest), python], "tools/ffcv_wheel.sh")
     for wheel in dest.glob("*.whl"):                  # ffcv_wheel.sh adds OpenCV, which the node has

@@ -20,6 +20,10 @@ catalog's on-demand and spot prices (benchmarks/catalog/instances.csv, each with
 `--catalog` adds rows or overrides prices). Not counted: start-up, compile, checkpoints, queueing, storage
 and egress fees. An instance whose GPU or CPU has no figure is left out, with one line naming the missing
 figure and the command that measures it.
+
+--json: per row `instance`, `gpus`, `vcpus_per_gpu`, `backend`, `data_from`, `binds`, `binds_share`, `sides`
+(bounds' img/s), `minutes_per_epoch`, `hours`, `on_demand_usd`, `spot_usd`, `price`, `gpu_source`,
+`loader_source`, `step_share` (DALI's), `sources`; and `left_out`.
 """
 from __future__ import annotations
 
