@@ -383,3 +383,9 @@ def test_samples_put_in_any_order_come_back_in_the_write_order_with_bounded_buck
     assert buffer.buckets == 6 and len(list((tmp_path / "buckets").glob("bucket-??????"))) == 6
     assert list(buffer.taken()) == [(place, place % 2, f"sample {place}".encode()) for place in range(57)]
     assert not any((tmp_path / "buckets").iterdir())
+
+
+def test_kaggles_cls_loc_folder_given_as_src_is_not_taken_for_a_folder_with_an_empty_val(forms, tmp_path, capsys):
+    cls_loc = forms["kaggle"] / "ILSVRC/Data/CLS-LOC"
+    line = one_error(run_tool_here(capsys, "convert_wds.py", cls_loc, tmp_path / "out"))
+    assert f"{cls_loc / 'val'}: 6 files and no class folders" in line and "LOC_val_solution.csv" in line

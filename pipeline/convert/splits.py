@@ -85,18 +85,22 @@ def run_conversion(run: RunOptions, options: ImageOptions, format_name: str, lib
             raise ConversionError(f"{out}: output folder must not contain the source folder")
     check_out_folder(out, create=False)
     with scratch_in(out) as source.scratch:
-        classes = source.classes(splits)
-        source.use_classes(classes)
-        where_from = source.files.root if source.files.remote else str(Path(run.src).resolve())
-        record = {"format": format_name, "classes": classes, "params": options.params(), "source": where_from,
-                  "source_form": source.form, "source_options": run.source.recorded()}
-        previous = previous_manifest(out)
-        kept, todo, fingerprints = splits_to_convert(out, previous, record, source, splits, run.force)
-        # Every split is read before anything is written: a source's errors are met with OUT untouched
-        if todo and not sum(len(source.entries(split)) for split in todo):
-            skipped = [skip for split in todo for skip in source.entries(split).skipped]
-            why = f"; {len(skipped):,} skipped, the first {skipped[0].path}: {skipped[0].reason}" if skipped else ""
-            raise ConversionError(f"{source.files.root}: no image files in {', '.join(todo)}{why}")
+        try:
+            classes = source.classes(splits)
+            source.use_classes(classes)
+            where_from = source.files.root if source.files.remote else str(Path(run.src).resolve())
+            record = {"format": format_name, "classes": classes, "params": options.params(), "source": where_from,
+                      "source_form": source.form, "source_options": run.source.recorded()}
+            previous = previous_manifest(out)
+            kept, todo, fingerprints = splits_to_convert(out, previous, record, source, splits, run.force)
+            # Every split is read before anything is written: a source's errors are met with OUT untouched
+            if todo and not sum(len(source.entries(split)) for split in todo):
+                skipped = [skip for split in todo for skip in source.entries(split).skipped]
+                why = f"; {len(skipped):,} skipped, the first {skipped[0].path}: {skipped[0].reason}" if skipped else ""
+                raise ConversionError(f"{source.files.root}: no image files in {', '.join(todo)}{why}")
+        except OSError as error:        # the scan's columns go to OUT, which may be full; or SRC unreadable
+            raise ConversionFault(f"{out}: {describe_os_error(error)} while reading {source.files.root}; nothing was "
+                                  f"written, and outputs of earlier runs are intact") from None
         check_out_folder(out)
         started, converted = time.perf_counter(), 0
         for split in todo:

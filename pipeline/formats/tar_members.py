@@ -4,20 +4,20 @@ ever extracted. Nested too: a member of a tar inside a tar (ImageNet's train tar
 class) lies at the inner tar's data offset plus its own, in the outer file.
 
 Headers are parsed by Python's `tarfile` (ustar, GNU and pax, long names included) over a window
-of the file read through `read_at(offset, size)`, so the same code reads a local file (a pread)
-or an object in a bucket (a range request). Each read fetches at least `readahead` bytes: tarfile
-checks the byte before each header, which then comes in the same read, and a small member's data
-(a WebDataset label) with it.
+of the file read through `read_at(offset, size)` (pipeline/storage/range_file.py), so the same code
+reads a local file (a pread) or an object in a bucket (a range request). Each read fetches at least
+`readahead` bytes: tarfile checks the byte before each header, which then comes in the same read,
+and a small member's data (a WebDataset label) with it.
 """
 from __future__ import annotations
 
-import io
 import posixpath
 import tarfile
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
-ReadAt = Callable[[int, int], bytes]        # (absolute offset, size) -> the bytes there (fewer at the end)
+from pipeline.storage.range_file import RangeFile, ReadAt
+
 READAHEAD = 4096
 
 
@@ -39,47 +39,6 @@ class TarDamaged(ValueError):
         self.where, self.reason = where, reason
 
 
-class _Window(io.RawIOBase):
-    """Bytes [start, start + length) of a file read through `read_at`, as a seekable file for tarfile."""
-
-    def __init__(self, read_at: ReadAt, start: int, length: int, readahead: int):
-        super().__init__()
-        self.read_at, self.start, self.length, self.readahead = read_at, start, length, readahead
-        self.position, self.buffer_at, self.buffer = 0, 0, b""
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.length}[whence]
-        self.position = max(0, base + offset)
-        return self.position
-
-    def read(self, size: int = -1) -> bytes:
-        end = self.length if size is None or size < 0 else min(self.length, self.position + size)
-        if end <= self.position:
-            return b""
-        if not (self.buffer_at <= self.position and end <= self.buffer_at + len(self.buffer)):
-            fetch_end = min(self.length, max(end, self.position + self.readahead))
-            self.buffer_at, self.buffer = self.position, self.read_at(self.start + self.position,
-                                                                      fetch_end - self.position)
-        data = self.buffer[self.position - self.buffer_at:end - self.buffer_at]
-        self.position += len(data)
-        return bytes(data)
-
-    def held(self, start: int, size: int) -> bytes | None:
-        """Bytes [start, start + size) of the window if the last read brought them, else None."""
-        if self.buffer_at <= start and start + size <= self.buffer_at + len(self.buffer):
-            return bytes(self.buffer[start - self.buffer_at:start - self.buffer_at + size])
-        return None
-
-
 def refusal(info: tarfile.TarInfo) -> str | None:
     """Why a member cannot be a sample, or None: only regular files inside the tar can."""
     if info.issym() or info.islnk():
@@ -98,7 +57,7 @@ def tar_members(read_at: ReadAt, start: int, length: int, where: str, keep_data_
     order, with absolute offsets; folders are left out. A member of up to `keep_data_below` bytes
     comes with its data. A TarDamaged naming `where` and the last good member where the tar is not
     one or breaks; the members before come first."""
-    window = _Window(read_at, start, length, max(readahead, keep_data_below + 2 * tarfile.BLOCKSIZE))
+    window = RangeFile(read_at, start, length, max(readahead, keep_data_below + 2 * tarfile.BLOCKSIZE))
     last = "its start"
     try:
         tar = tarfile.open(fileobj=window, mode="r:")
@@ -125,7 +84,7 @@ def tar_members(read_at: ReadAt, start: int, length: int, where: str, keep_data_
 def member_name(read_at: ReadAt, container_start: int, container_length: int, header_at: int) -> str:
     """The name of the member whose headers start at `header_at`, in the tar `container_length`
     bytes at `container_start` (read again only for a message, so scans need not keep names)."""
-    window = _Window(read_at, container_start, container_length, READAHEAD)
+    window = RangeFile(read_at, container_start, container_length, READAHEAD)
     window.seek(header_at - container_start)
     try:
         info = tarfile.TarFile(fileobj=window, mode="r").firstmember

@@ -35,6 +35,13 @@ class ImageFolderSource(Source):
             find_classes(self.files.path, splits)
         except LayoutError as error:
             raise ConversionError(str(error)) from None
+        for split in splits:
+            entries = list(os.scandir(self.files.full(split)))
+            if entries and not any(entry.is_dir() for entry in entries):
+                # Kaggle's CLS-LOC folder given as SRC: its val is flat, labelled by a CSV one level up
+                raise ConversionError(f"{self.files.full(split)}: {len(entries):,} files and no class folders; a flat "
+                                      f"split is labelled by a list (SPLIT.csv) or, for Kaggle's ImageNet, give the "
+                                      f"folder holding LOC_val_solution.csv")
 
     def classes(self, splits: list[str]) -> list[str]:
         return find_classes(self.files.path, splits)

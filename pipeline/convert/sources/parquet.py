@@ -10,7 +10,6 @@ names come from the dataset card's `class_label` names (`README.md`) where it ha
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 from bisect import bisect_right
@@ -21,6 +20,7 @@ import numpy as np
 from pipeline.convert.errors import ConversionError
 from pipeline.convert.sources.base import Entries, Missing, Source, canonical_split
 from pipeline.formats.imagefolder import Skipped
+from pipeline.storage.range_file import RangeFile
 
 SHARD = re.compile(r"^(?:.*/)?([A-Za-z0-9_.]+?)-\d{5}-of-\d{5}\.parquet$")
 PATTERNS = ("data/*.parquet", "*.parquet")
@@ -42,38 +42,6 @@ def schema_problem(schema) -> str | None:
     if not pa.types.is_integer(label):
         return f"column label is {label}"
     return None
-
-
-class _RangeFile(io.RawIOBase):
-    """A remote file as a seekable file for pyarrow, read by ranges."""
-
-    def __init__(self, files, name: str, size: int):
-        super().__init__()
-        self.files, self.name_, self.size, self.position = files, name, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self.position = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence] + offset
-        return self.position
-
-    def read(self, size: int = -1) -> bytes:
-        end = self.size if size is None or size < 0 else min(self.size, self.position + size)
-        data = self.files.read_at(self.name_, self.position, end - self.position) if end > self.position else b""
-        self.position += len(data)
-        return data
-
-    def readinto(self, buffer) -> int:
-        data = self.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
 
 
 class ParquetSource(Source):
@@ -130,8 +98,8 @@ class ParquetSource(Source):
             if len(self._open) >= OPEN_FILES:
                 self._open.pop(next(iter(self._open)))
             where = self.files.shown(name)
-            source = _RangeFile(self.files, name, self.files.size(name)) if self.files.remote else \
-                str(self.files.full(name))
+            source = RangeFile(lambda at, size: self.files.read_at(name, at, size), 0, self.files.size(name)) \
+                if self.files.remote else str(self.files.full(name))
             try:
                 opened = pq.ParquetFile(source, pre_buffer=True)
             except Exception as error:  # noqa: BLE001 - pyarrow's ArrowInvalid and OSError
