@@ -6,8 +6,9 @@ beside FFCV's own DatasetWriter and webdataset's ShardWriter on the same images,
 SRC is an ImageNet-layout folder; its images are written once in each other form a converter reads
 (benchmarks/source_forms.py: official tars, Kaggle's layout, parquet, WebDataset tars, lists) in a
 temporary folder, and each converter runs on each form as a user runs it (a subprocess, --force, into
-a temporary folder) with each worker count, the repeats going round the forms. Prints the median wall-clock images/s (start-up and
-imports included), per worker, the share of the folder form's rate, and the output's size. The
+a temporary folder) with each worker count, the repeats going round the forms. Prints the median
+wall-clock images/s (start-up and imports included), per worker, the share of the folder form's
+rate, and the output's size. The
 peers: FFCV's DatasetWriter with its RGBImageField in jpg mode, fed Pillow-decoded arrays (what
 ffcv-imagenet's writer does), and webdataset's ShardWriter storing each file's bytes as they are
 (no decode, no re-encode, no index), in one process. Appends one JSON line per figure to this
@@ -97,7 +98,8 @@ def main() -> int:
     parser.add_argument("--forms", default=",".join(("imagefolder", *FORMS)), help="source forms, comma-separated")
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--formats", default=",".join(CONVERTERS), help="comma-separated: ffcv, webdataset")
-    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated: ffcv-writer, wds-shardwriter, or none")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help="comma-separated: ffcv-writer, wds-shardwriter, or none")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     hardware = signature()
@@ -109,10 +111,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="forms-") as tmp:
         sources = {"imagefolder": args.src, **write_forms(args.src, Path(tmp), [f for f in forms if f != "imagefolder"],
                                                           parquet_rows=PARQUET_ROWS)}
+        counts = [int(workers) for workers in args.workers.split(",")]
         groups = [[(name, form, workers, lambda f=form, w=workers, n=name: converter_run(CONVERTERS[n], sources[f], w))
-                   for form in forms] for name in args.formats.split(",") for workers in map(int, args.workers.split(","))]
+                   for form in forms] for name in args.formats.split(",") for workers in counts]
         groups += [[(peer, "imagefolder", workers, lambda p=peer, w=workers: peer_run(p, args.src, w))]
-                   for peer in args.peers.split(",") if peer in PEERS for workers in map(int, args.workers.split(","))
+                   for peer in args.peers.split(",") if peer in PEERS for workers in counts
                    if peer == "ffcv-writer" or workers == 1]
         folder_rate = {}
         for group in groups:

@@ -8,8 +8,8 @@ a devkit) are written in WORK from a pool of 4,096 distinct small JPEGs (32-48 p
 image is the converter's own, not a decoder's), then tools/convert_wds.py converts them with
 --num-workers W while the memory of its processes (PSS, so pages the forked workers share are
 counted once; and its anonymous part, what they allocated, apart from file pages such as the mapped
-columns of a scan, which the kernel drops as it needs) is sampled every 0.2 s; then the webdataset backend reads one train epoch of the
-output. Prints a row per count and appends them to this machine's results file, and writes
+columns of a scan, which the kernel drops as it needs) is sampled every 0.2 s; then the webdataset
+backend reads one train epoch of the output. Prints a row per count and appends them to this machine's results file, and writes
 benchmarks/results/conversion-scale/<machine>.json. WORK is emptied after each count.
 """
 from __future__ import annotations

@@ -149,8 +149,9 @@ def write_parquet(splits: dict[str, list[Image]], classes: list[str], dest: Path
     for split, images in named.items():
         for part in range(files):
             chunk = images[part::files]
-            table = pa.table({"image": [{"bytes": read(), "path": file} for _, file, read in chunk],
-                              "label": [place[name] if name is not None else -1 for name, _, _ in chunk]}, schema=schema)
+            labels = [place[name] if name is not None else -1 for name, _, _ in chunk]
+            table = pa.table({"image": [{"bytes": read(), "path": file} for _, file, read in chunk], "label": labels},
+                             schema=schema)
             pq.write_table(table, dest / "data" / f"{split}-{part:05d}-of-{files:05d}.parquet",
                            row_group_size=row_group_size)
     names = "\n".join(f"          '{i}': {name}" for i, name in enumerate(sorted(classes)))

@@ -278,8 +278,9 @@ def test_bad_rows_of_a_list_or_a_parquet_of_another_schema_are_one_line_naming_f
     lists = Path(shutil.copytree(forms["list"], tmp_path / "list"))
     (lists / "classes.txt").write_text("\n".join(CLASSES) + "\n")
     val = (lists / "val.csv").read_text().splitlines()
-    for row, expected in ((val[2].rsplit(",", 1)[0] + ",3", "val.csv: line 3: label 3 is out of range"),
-                          (val[2].rsplit(",", 1)[0] + ",wasp", "val.csv: line 3: class 'wasp' is not in the class list")):
+    path = val[2].rsplit(",", 1)[0]
+    for row, expected in ((path + ",3", "val.csv: line 3: label 3 is out of range"),
+                          (path + ",wasp", "val.csv: line 3: class 'wasp' is not in the class list")):
         (lists / "val.csv").write_text("\n".join([*val[:2], row, *val[3:]]) + "\n")
         line = one_error(run_tool_here(capsys, "convert_wds.py", lists, tmp_path / "out"))
         assert f"{lists}/{expected}" in line, line

@@ -1,4 +1,5 @@
-"""Convert an ImageNet-layout folder to FFCV: OUT/train.beton, OUT/val.beton, OUT/manifest.json last
+"""Convert a dataset as you hold it (an ImageNet-layout folder, ImageNet's tars, Kaggle's layout, parquet, WebDataset
+tars, lists) to FFCV: OUT/train.beton, OUT/val.beton, OUT/manifest.json last
 (pipeline/convert/ffcv.py; `--help` lists the options).
 
     python tools/convert_ffcv.py SRC OUT [--max-resolution 512] ...

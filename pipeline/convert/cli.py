@@ -1,6 +1,6 @@
-"""The converters' command line: the options both share, as typed options (pipeline/convert/options.py), and `main_guard`,
-which shows the library's log messages on stderr and turns a conversion's errors into one line
-there and its exit code."""
+"""The converters' command line: the options both share, turned into typed options
+(pipeline/convert/options.py), and `main_guard`, which shows the library's log messages on stderr
+and turns a conversion's errors into one line there and its exit code."""
 from __future__ import annotations
 
 import argparse

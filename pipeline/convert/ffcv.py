@@ -1,5 +1,5 @@
-"""Convert a dataset, in any form a source reads (pipeline/convert/sources/), to FFCV: OUT/train.beton,
-OUT/val.beton, OUT/manifest.json.
+"""Convert a dataset, in the form you hold it, to FFCV: OUT/train.beton, OUT/val.beton, OUT/manifest.json.
+(The forms it reads: pipeline/convert/sources/.)
 
     python pipeline/convert/ffcv.py SRC OUT [--max-resolution 512] [--write-mode jpg] ...
 

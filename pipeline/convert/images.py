@@ -1,6 +1,7 @@
 """The converters' image handling, on a sample's bytes from any source: open them as an image or
-say why they cannot be one, decode them to RGB pixels (EXIF rotation applied, shrunk to --max-resolution with FFCV's size rule),
-encode JPEGs as FFCV's writer does, and tell an RGB JPEG that can be stored unchanged.
+say why they cannot be one, decode them to RGB pixels (EXIF rotation applied, shrunk to
+--max-resolution with FFCV's size rule), encode JPEGs as FFCV's writer does, and tell an RGB JPEG
+that can be stored unchanged.
 
 Policy for bad input: everything decodable is converted; everything else is a skip with a
 one-line reason (`describe_failure`), never a stop.

@@ -1,5 +1,5 @@
-"""Convert a dataset, in any form a source reads (pipeline/convert/sources/), to WebDataset shards:
-OUT/<split>/shard-NNNNNN.tar + .idx.
+"""Convert a dataset, in the form you hold it, to WebDataset shards: OUT/<split>/shard-NNNNNN.tar + .idx.
+(The forms it reads: pipeline/convert/sources/.)
 
     python pipeline/convert/wds.py SRC OUT [--max-resolution 512] [--shard-size-mb 256] ...
 
@@ -45,6 +45,7 @@ from pipeline.formats.wds_shards import MEMBERS, SAMPLE_CHECKSUM, ShardWriter, s
 from pipeline.decode.jpeg_roi import JPEGError, transcode
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class Encoded:

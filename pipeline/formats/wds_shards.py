@@ -192,7 +192,7 @@ class ShardWriter:
         self.tar.close()
         tar = ShardFile(f"{self.name}.tar", self.tar_file.close(), self.tar_file.digest.hexdigest())
         index = self._index_written()
-        checksums = self._written(f"{self.name}.crc32", np.frombuffer(self.checksums, np.uint32).astype("<u4").tobytes())
+        checksums = self._written(f"{self.name}.crc32", np.asarray(self.checksums, "<u4").tobytes())
         self.shards.append(ShardRecord(self.held, tar, index, checksums).as_dict())
         self.tar, self.tar_file, self.index_lines, self.checksums = None, None, None, array("I")
         self.held = self.held_bytes = 0

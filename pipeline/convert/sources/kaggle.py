@@ -103,7 +103,8 @@ class KaggleSource(Source):
         try:
             text = self.files.read(VAL_LABELS).decode("utf-8")
         except FileNotFoundError:
-            raise ConversionError(f"{path}: missing; Kaggle's download has it beside ILSVRC/ (the val labels)") from None
+            raise ConversionError(f"{path}: missing; Kaggle's download has it beside ILSVRC/ (the val "
+                                  f"labels)") from None
         reader = csv.DictReader(io.StringIO(text))
         if not {"ImageId", "PredictionString"} <= set(reader.fieldnames or ()):
             raise ConversionError(f"{path}: columns {reader.fieldnames}, not ImageId and PredictionString")

@@ -45,7 +45,8 @@ def closest(image_folders: Counter, kinds: Counter) -> str:
         return ("; closest: webdataset, whose tars lie in SPLIT/*.tar or SPLIT-*.tar (or name them with --split-path "
                 "SPLIT=PATTERN), or imagenet (ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar)")
     if kinds["parquet files"]:
-        return "; closest: parquet, named data/SPLIT-NNNNN-of-NNNNN.parquet (or name them with --split-path SPLIT=PATTERN)"
+        return ("; closest: parquet, named data/SPLIT-NNNNN-of-NNNNN.parquet (or name them with --split-path "
+                "SPLIT=PATTERN)")
     if kinds["csv files"] or kinds["jsonl files"]:
         return "; closest: list, whose files are named train.csv and val.csv (or .jsonl)"
     return ""

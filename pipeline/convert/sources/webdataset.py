@@ -72,7 +72,8 @@ class WebDatasetSource(Source):
         return sorted(split for split, (_, names) in self._tars().items() if names)
 
     def describe(self) -> str:
-        held = ", ".join(f"{split} {len(names)} tars ({pattern})" for split, (pattern, names) in sorted(self._tars().items()))
+        held = ", ".join(f"{split} {len(names)} tars ({pattern})"
+                         for split, (pattern, names) in sorted(self._tars().items()))
         return f"{self.files.root}: {self.title}: {held}"
 
     def classes(self, splits: list[str]) -> list[str]:
