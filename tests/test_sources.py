@@ -390,3 +390,17 @@ def test_kaggles_cls_loc_folder_given_as_src_is_not_taken_for_a_folder_with_an_e
     cls_loc = forms["kaggle"] / "ILSVRC/Data/CLS-LOC"
     line = one_error(run_tool_here(capsys, "convert_wds.py", cls_loc, tmp_path / "out"))
     assert f"{cls_loc / 'val'}: 6 files and no class folders" in line and "LOC_val_solution.csv" in line
+
+
+def test_one_parquet_file_a_split_as_to_parquet_writes_it_converts_as_the_hubs_layout(forms, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    single = tmp_path / "single"
+    single.mkdir()
+    for split in ("train", "validation"):
+        parts = sorted((forms["parquet"] / "data").glob(f"{split}-*.parquet"))
+        pq.write_table(pa.concat_tables([pq.read_table(part) for part in parts]), single / f"{split}.parquet")
+    run_tool_here(capsys, "convert_wds.py", forms["parquet"], tmp_path / "hub", check=True)
+    run_tool_here(capsys, "convert_wds.py", single, tmp_path / "out", check=True)
+    assert read_manifest(tmp_path / "out")["counts"] == {"train": 12, "val": 6}
+    assert wds_labels(tmp_path / "out") == wds_labels(tmp_path / "hub")

@@ -1,6 +1,6 @@
 """Hugging Face image-classification parquet, read in place by row group: the layout of `imagenet-1k`
-on the Hub and what `push_to_hub` and `to_parquet` write, `data/<split>-NNNNN-of-NNNNN.parquet` (or
-`--split-path SPLIT=PATTERN`), with columns `image` (a struct of `bytes` and `path`) and an integer
+on the Hub and what `push_to_hub` and `to_parquet` write, `data/<split>-NNNNN-of-NNNNN.parquet`,
+`<split>.parquet` (or `--split-path SPLIT=PATTERN`), with columns `image` (a struct of `bytes` and `path`) and an integer
 `label`, on disk or under an s3://, gs:// or https:// prefix.
 
 Labels are kept as the parquet gives them (for `imagenet-1k` already the sorted-WNID order); class
@@ -22,7 +22,7 @@ from pipeline.convert.sources.base import Entries, Missing, Source, canonical_sp
 from pipeline.formats.imagefolder import Skipped
 from pipeline.storage.range_file import RangeFile
 
-SHARD = re.compile(r"^(?:.*/)?([A-Za-z0-9_.]+?)-\d{5}-of-\d{5}\.parquet$")
+SHARD = re.compile(r"^(?:.*/)?([A-Za-z0-9_]+?)(?:-\d{5}-of-\d{5})?\.parquet$")   # one file a split: to_parquet's
 PATTERNS = ("data/*.parquet", "*.parquet")
 CARD = "README.md"
 OPEN_FILES = 8
