@@ -62,7 +62,7 @@ class LocalFiles:
         self.path = Path(root)
         self.root = str(root)
         self._fds: dict[str, int] = {}
-        self._pid = os.getpid()
+        self._pid, self._lock = os.getpid(), threading.Lock()
 
     def full(self, name: str) -> Path:
         return self.path / name
@@ -100,12 +100,13 @@ class LocalFiles:
 
     def _fd(self, name: str) -> int:
         if self._pid != os.getpid():          # a forked worker: the parent's descriptors are not ours to move
-            self._fds, self._pid = {}, os.getpid()
-        if name not in self._fds:
-            if len(self._fds) >= OPEN_FILES:
-                os.close(self._fds.pop(next(iter(self._fds))))
-            self._fds[name] = os.open(self.full(name), os.O_RDONLY)
-        return self._fds[name]
+            self._fds, self._pid, self._lock = {}, os.getpid(), threading.Lock()
+        with self._lock:                      # a scan reads on threads
+            if name not in self._fds:
+                if len(self._fds) >= OPEN_FILES:
+                    os.close(self._fds.pop(next(iter(self._fds))))
+                self._fds[name] = os.open(self.full(name), os.O_RDONLY)
+            return self._fds[name]
 
     def read_at(self, name: str, offset: int, size: int) -> bytes:
         return os.pread(self._fd(name), size, offset)
@@ -168,9 +169,9 @@ class RemoteFiles:
             return False
 
     def is_dir(self, name: str) -> bool:
-        return bool(self._listed(name.rstrip("/") + "/", limit=1))
+        return bool(self.listing(name.rstrip("/") + "/", limit=1))
 
-    def _listed(self, prefix: str, limit: int | None = None) -> list[str]:
+    def listing(self, prefix: str, limit: int | None = None) -> list[str]:
         import obstore
         from pipeline.storage.errors import describe_error
         if not self.listable:
@@ -191,7 +192,7 @@ class RemoteFiles:
         for expanded in expand_braces(pattern):
             if any(ch in expanded for ch in "*?["):
                 fixed = re.split(r"[*?\[]", expanded, maxsplit=1)[0]
-                names.update(n for n in self._listed(fixed) if fnmatch.fnmatchcase(n, expanded))
+                names.update(n for n in self.listing(fixed) if fnmatch.fnmatchcase(n, expanded))
             elif self.exists(expanded):
                 names.add(expanded)
         return sorted(names)

@@ -54,10 +54,7 @@ def closest(image_folders: Counter, kinds: Counter) -> str:
 
 def _names(files) -> list[str]:
     if files.remote:
-        try:
-            return files.list("*")[:MOST_ENTRIES]
-        except Exception:  # noqa: BLE001 - a server that cannot be listed: nothing to say
-            return []
+        return files.listing("", limit=MOST_ENTRIES)[:MOST_ENTRIES] if files.listable else []
     names = []
     for folder, subfolders, found in os.walk(files.path):
         subfolders.sort()
