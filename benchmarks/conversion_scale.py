@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 from benchmarks.hardware import RESULTS, append_results, cpu_words, signature
+from benchmarks.memory import PeakMemory
 from pipeline.machine import slug
 from benchmarks.source_forms import write_official
 from pipeline.formats.manifest import MANIFEST, read_manifest
@@ -62,55 +62,20 @@ def write_set(count: int, dest: Path, pool: list[bytes]) -> int:
     return val_count
 
 
-def tree_memory(pid: int) -> dict[str, int]:
-    """PSS and its anonymous part (what the processes allocated, not file pages the kernel may
-    drop) of the process and its descendants, and of the process alone, in bytes."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(parent, []).append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-    found = dict.fromkeys(("pss", "pss_anon", "main_pss", "main_pss_anon"), 0)
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            with open(f"/proc/{current}/smaps_rollup") as rollup:
-                fields = {line.split(":")[0]: int(line.split()[1]) << 10 for line in rollup if ":" in line[:20]}
-        except OSError:
-            fields = {}
-        for key, field in (("pss", "Pss"), ("pss_anon", "Pss_Anon")):
-            found[key] += fields.get(field, 0)
-            if current == pid:
-                found[f"main_{key}"] = fields.get(field, 0)
-        todo += children.get(current, [])
-    return found
-
-
 def convert(src: Path, out: Path, workers: int) -> dict:
     command = [sys.executable, str(ROOT / "tools" / "convert_wds.py"), str(src), str(out), "--num-workers",
                str(workers), "--splits", "train"]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    peaks, done = dict.fromkeys(("pss", "pss_anon", "main_pss", "main_pss_anon"), 0), threading.Event()
-
-    def sample():
-        while not done.wait(0.2):
-            for key, value in tree_memory(process.pid).items():
-                peaks[key] = max(peaks[key], value)
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    memory = PeakMemory(process.pid, every_s=0.2)
+    memory.start()
     _, stderr = process.communicate()
     seconds = time.perf_counter() - started
-    done.set()
-    sampler.join()
+    memory.running = False
+    memory.join()
     if process.returncode:
         raise SystemExit(f"convert_wds.py exited {process.returncode}: {stderr[-2000:]}")
-    return {"seconds": seconds, **{f"peak_{key}_bytes": value for key, value in peaks.items()},
+    return {"seconds": seconds, **{f"peak_{key}_bytes": value for key, value in memory.peaks.items()},
             "summary": stderr.strip().splitlines()[-1]}
 
 

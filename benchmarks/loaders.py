@@ -59,7 +59,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -67,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import numpy as np
 
 from benchmarks.hardware import RESULTS, append_results, cpu_words, cpus_by_core, pin_to_cpus, signature
+from benchmarks.memory import PeakMemory
 from benchmarks.remote_sources import RemoteSource, cpu_seconds
 from pipeline.datasets import REMOTE_BACKENDS
 
@@ -101,32 +101,6 @@ def busy_jiffies() -> tuple[int, int]:
         values = [int(v) for v in f.readline().split()[1:]]
     idle = values[3] + values[4]
     return sum(values) - idle, sum(values)
-
-
-class PeakMemory(threading.Thread):
-    """Samples the summed PSS of this process and its descendants (DataLoader workers, FFCV
-    and DALI threads live inside) every `every_s`; PSS, so shared pages are not counted twice.
-    A sample walks each process's page tables: every 0.1 s cost a loader streaming photos-large
-    from a URL 4-5% of its img/s on 2 cores (2% from local disk), every 0.5 s a fifth of that."""
-
-    def __init__(self, every_s: float = 0.5):
-        super().__init__(daemon=True)
-        self.peak_mb, self.running, self.every_s = 0.0, True, every_s
-
-    def run(self):
-        while self.running:
-            pids, total = [os.getpid()], 0
-            while pids:
-                pid = pids.pop()
-                try:
-                    with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as f:
-                        total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-                    with open(f"/proc/{pid}/task/{pid}/children", encoding="utf-8") as f:
-                        pids += [int(child) for child in f.read().split()]
-                except (OSError, StopIteration):
-                    continue
-            self.peak_mb = max(self.peak_mb, total / 1024)
-            time.sleep(self.every_s)
 
 
 def build(config: dict):

@@ -23,7 +23,7 @@ from PIL import Image
 from conftest import TOOLS, as_converted_before_checksums, read_manifest, run_tool, run_tool_here, run_tool_without
 from pipeline import LoaderSpec, build_loader
 from pipeline.convert.errors import ConversionFault
-from pipeline.convert.parallel import parallel_map
+from pipeline.convert.parallel import map_samples
 from pipeline.formats import manifest as pipeline_manifest
 from pipeline.errors import DatasetError
 from pipeline.formats.manifest import MANIFEST_VERSION, ManifestError
@@ -444,18 +444,31 @@ def test_sample_sets_read_back_with_ffcv_webdataset_and_dali(sample_sets, conver
                 assert {np.asarray(Image.open(io.BytesIO(s["jpg"]))).tobytes() for s in raw} == source_pixels
 
 
-def crash_on_37(item: int) -> int:
-    if item == 37:
+def crash_on_37(data: bytes) -> int:
+    if int(data) == 37:
         os.kill(os.getpid(), signal.SIGSEGV)    # what a fault in native code does to a worker
-    return 2 * item
+    return 2 * int(data)
 
 
-def test_a_worker_that_dies_is_a_one_line_fault_not_a_hang():
+def numbered_files(root: Path, count: int):
+    """A folder source of `count` files holding their own numbers, with its train split scanned."""
+    from pipeline.convert.sources import SourceOptions, open_source
+    for number in range(count):
+        (root / "train" / "c").mkdir(parents=True, exist_ok=True)
+        (root / "train" / "c" / f"{number:03d}.jpg").write_bytes(str(number).encode())
+    source = open_source(str(root), SourceOptions(form="imagefolder"))
+    source.use_classes(source.classes(["train"]))
+    return source
+
+
+def test_a_worker_that_dies_is_a_one_line_fault_not_a_hang(tmp_path):
     # multiprocessing.Pool would start a new worker and wait for the lost items forever.
-    assert list(parallel_map(crash_on_37, list(range(36)), 2, "fine", chunksize=4)) == [2 * i for i in range(36)]
+    fine = numbered_files(tmp_path / "fine", 36)
+    assert [result for _, result in map_samples(fine, "train", crash_on_37, 2, "fine")] == [2 * i for i in range(36)]
+    dies = numbered_files(tmp_path / "dies", 100)
     started = time.monotonic()
     with pytest.raises(ConversionFault, match=r"^train: encoding: a worker process died .*--num-workers 1"):
-        list(parallel_map(crash_on_37, list(range(100)), 2, "train: encoding", chunksize=4))
+        list(map_samples(dies, "train", crash_on_37, 2, "train: encoding"))
     assert time.monotonic() - started < 30
 
 

@@ -21,22 +21,6 @@ from pipeline.progress import Progress
 _job: tuple | None = None          # (source, split, work), set before the workers fork
 
 
-def parallel_map(function: Callable, items: list, num_workers: int, desc: str,
-                 chunksize: int = 16) -> Iterator:
-    """function(item) for each item, in order, on num_workers processes (pipeline/convert/worker_pool.py),
-    with a progress bar; a worker that dies is a ConversionFault, not a hang."""
-    progress = Progress(len(items), desc, unit="img")
-    workers = num_workers if len(items) >= 2 * chunksize else 1
-    with _worker_death_said(desc):
-        with contextlib.closing(forked_map(function, items, workers, chunksize)) as results:
-            for done, result in enumerate(results, 1):
-                progress.update()
-                if done == len(items):      # a caller may stop at the last item, before this generator ends
-                    progress.close()
-                yield result
-    progress.close()
-
-
 def map_samples(source: Source, split: str, work: Callable, num_workers: int, desc: str,
                 blocks: Iterable[np.ndarray] | None = None, total: int | None = None) -> Iterator[tuple[int, object]]:
     """(index, work(bytes)) for each sample of the split, in the order of `blocks` (default: the

@@ -19,14 +19,13 @@ import copy
 import json
 import logging
 import os
-import shutil
 import platform
+import shutil
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Callable
-
 
 from pipeline.convert.errors import ConversionError, ConversionFault
 from pipeline.convert.options import ImageOptions, RunOptions

@@ -48,9 +48,9 @@ def forked_map(function: Callable, items: Iterable, workers: int, chunksize: int
         return
     pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), initializer=_tracebacks_on_crash)
     pending: deque = deque()
-    chunks = iter(lambda it=iter(items): list(itertools.islice(it, chunksize)), [])
+    items = iter(items)
     try:
-        for chunk in chunks:
+        while chunk := list(itertools.islice(items, chunksize)):
             pending.append(pool.submit(_run_chunk, function, chunk))
             if len(pending) >= TASKS_AHEAD * workers:
                 yield from pending.popleft().result()

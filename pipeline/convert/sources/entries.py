@@ -87,7 +87,7 @@ class EntriesBuilder:
         self.parts: dict[str, list] = {name: [] for name in COLUMNS}
         self.handles: dict[str, object] = {}
         self.count, self.names_bytes = 0, 0
-        self.name_parts: list[str] | None = None
+        self.name_parts: list[str] = []          # names kept in memory, where there is no folder
         self.skipped: list[Skipped] = []
         self.with_headers: bool | None = None
         self.pending: list[tuple[str, int, int]] = []
@@ -135,14 +135,14 @@ class EntriesBuilder:
         ends = self.names_bytes + np.cumsum([len(name) for name in encoded], dtype=np.int64)
         self.names_bytes = int(ends[-1]) if len(ends) else self.names_bytes
         if self.folder is None:
-            self.name_parts = self.name_parts if self.name_parts is not None else []
             self.name_parts.extend(names)
             return
         if "names" not in self.handles:
             self.handles["names"] = open(self.folder / "names.bin", "wb", buffering=256 << 10)
-            self.handles["name_ends"] = open(self.folder / "name_ends.bin", "wb", buffering=256 << 10)
+            self.handles["name_starts"] = open(self.folder / "name_starts.bin", "wb", buffering=256 << 10)
+            self.handles["name_starts"].write(np.zeros(1, np.int64).tobytes())     # the first name's start
         self.handles["names"].write(b"".join(encoded))
-        self.handles["name_ends"].write(ends.tobytes())
+        self.handles["name_starts"].write(ends.tobytes())
 
     def build(self, files: Sequence[str] | None = None) -> Entries:
         """The Entries; `files` for a form whose samples lie in a few files (None: each sample is
@@ -164,8 +164,8 @@ class EntriesBuilder:
 
     def _names(self) -> Sequence[str]:
         if self.folder is None or "names" not in self.handles:
-            return self.name_parts or []
-        return Names(_mapped(self.folder / "names.bin", np.uint8), _prepend_zero(self.folder / "name_ends.bin"))
+            return self.name_parts
+        return Names(_mapped(self.folder / "names.bin", np.uint8), _mapped(self.folder / "name_starts.bin", np.int64))
 
 
 def _mapped(path: Path, dtype) -> np.ndarray:
@@ -173,16 +173,6 @@ def _mapped(path: Path, dtype) -> np.ndarray:
     if not path.exists() or os.path.getsize(path) == 0:
         return np.empty(0, dtype)
     return np.memmap(path, dtype, mode="r")
-
-
-def _prepend_zero(path: Path) -> np.ndarray:
-    """The offsets file with a 0 in front, as a column: the start of each name, then the end."""
-    with_zero = path.with_name(path.name + ".starts")
-    with open(with_zero, "wb") as out, open(path, "rb") as ends:
-        out.write(np.zeros(1, np.int64).tobytes())
-        while chunk := ends.read(1 << 20):
-            out.write(chunk)
-    return np.memmap(with_zero, np.int64, mode="r")
 
 
 def relabelled(labels: np.ndarray, mapping: np.ndarray, folder: Path | None) -> np.ndarray:

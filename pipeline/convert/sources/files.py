@@ -205,6 +205,9 @@ class RemoteFiles:
 
     def signature(self, name: str) -> str:
         """Its size and ETag (or modification time): what changes when the object is replaced."""
+        return self._call("signature", name)
+
+    def _signature(self, name: str) -> str:
         import obstore
         from pipeline.storage.errors import store_error
         try:
