@@ -13,6 +13,7 @@ from typing import Callable
 from pipeline.convert.errors import ConversionError, ConversionFault
 from pipeline.convert.options import RunOptions
 from pipeline.convert.sources.base import SourceOptions
+from pipeline.convert.worker_pool import children_die_with_this_process
 from pipeline.errors import RemoteDataError
 
 log = logging.getLogger(__name__)
@@ -62,15 +63,26 @@ def run_options(args: argparse.Namespace) -> RunOptions:
         split_paths.append((split, pattern))
     source = SourceOptions(form=args.source_format, split_paths=tuple(split_paths), label_key=args.label_key,
                            strict=args.strict)
+    part = getattr(args, "part", None)
+    if part is not None:
+        numbers = part.split("/")
+        if len(numbers) != 2 or not all(n.isdigit() for n in numbers):
+            raise ConversionError(f"--part {part!r}: give I/N, e.g. 0/4 for the first of 4 parts")
+        part = (int(numbers[0]), int(numbers[1]))
     return RunOptions(src=str(args.src), out=str(args.out), splits=tuple(s for s in args.splits.split(",") if s),
                       num_workers=args.num_workers, strict=args.strict, force=args.force, staging=args.staging,
-                      upload_workers=args.upload_workers, source=source)
+                      upload_workers=args.upload_workers, source=source,
+                      executor=getattr(args, "executor", "local"),
+                      ray_address=getattr(args, "ray_address", None) or os.environ.get("RAY_ADDRESS"),
+                      part=part, finish=getattr(args, "finish", None))
 
 
 def main_guard(run: Callable[[], int]) -> None:
     """Exit with run()'s code; a ConversionError is one line on stderr and exit code 2. The
-    library's messages, info and above, are lines on stderr, unless the caller configured logging."""
+    library's messages, info and above, are lines on stderr, unless the caller configured logging.
+    Every process the conversion forks ends when this one does, killed or not."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    children_die_with_this_process()
     try:
         sys.exit(run())
     except ConversionError as error:

@@ -175,7 +175,10 @@ def write_beton(options: FfcvOptions, run: RunOptions, source: Source, split: st
         return [(int(index), reason) for index, reason in (line.rstrip("\n").split("\t", 1) for line in log)]
 
 
-def convert_split(options: FfcvOptions, run: RunOptions, source: Source, split: str, out: Path) -> SplitResult:
+def convert_split(options: FfcvOptions, run: RunOptions, source: Source, split: str, out: Path,
+                  identity: dict | None = None) -> SplitResult:
+    """Write OUT/<split>.beton in one go (FFCV's writer cannot go on from a part of a file: a killed
+    run writes the split again). `identity` is the webdataset converter's concern."""
     skipped, good = [], []
     for index, reason in map_samples(source, split, probe, run.num_workers, f"{split}: checking"):
         if reason:

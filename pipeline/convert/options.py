@@ -24,8 +24,18 @@ class RunOptions:
     staging: Path | None = None   # where an upload is converted first
     upload_workers: int = 4
     source: SourceOptions = field(default_factory=SourceOptions)
+    executor: str = "local"       # "local" (the process pool) or "ray"
+    ray_address: str | None = None
+    part: tuple[int, int] | None = None   # (I, N): write only part I of N of the shards
+    finish: int | None = None     # N: the parts are done; check and write the manifest
 
     def __post_init__(self):
+        if self.part is not None and not 0 <= self.part[0] < self.part[1]:
+            raise ConversionError(f"--part {self.part[0]}/{self.part[1]}: give I/N with 0 <= I < N")
+        if sum((self.part is not None, self.finish is not None, self.executor != "local")) > 1:
+            raise ConversionError("--part, --finish and --executor ray are three ways to run; choose one")
+        if self.finish is not None and self.finish < 1:
+            raise ConversionError(f"--finish {self.finish}: give the number of parts, N >= 1")
         if self.num_workers < 1:
             raise ConversionError(f"--num-workers must be >= 1, got {self.num_workers}")
         if self.upload_workers < 1:
@@ -59,6 +69,7 @@ class ImageOptions:
 @dataclass(frozen=True)
 class WdsOptions(ImageOptions):
     shard_size_mb: float = 256
+    shard_samples: int | None = None     # samples a shard; None: from shard_size_mb and the source's sizes
     seed: int = 0                 # of the train split's write order
     restart_markers: bool = True
 
@@ -66,6 +77,8 @@ class WdsOptions(ImageOptions):
         super().__post_init__()
         if self.shard_size_mb <= 0:
             raise ConversionError(f"--shard-size-mb must be > 0, got {self.shard_size_mb}")
+        if self.shard_samples is not None and self.shard_samples < 1:
+            raise ConversionError(f"--shard-samples must be >= 1, got {self.shard_samples}")
 
 
 @dataclass(frozen=True)

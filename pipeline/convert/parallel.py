@@ -22,13 +22,17 @@ _job: tuple | None = None          # (source, split, work), set before the worke
 
 
 def map_samples(source: Source, split: str, work: Callable, num_workers: int, desc: str,
-                blocks: Iterable[np.ndarray] | None = None, total: int | None = None) -> Iterator[tuple[int, object]]:
+                blocks: Iterable[np.ndarray] | None = None, total: int | None = None,
+                progress: Progress | None = None) -> Iterator[tuple[int, object]]:
     """(index, work(bytes)) for each sample of the split, in the order of `blocks` (default: the
     source's own blocks, in source order); where a sample's bytes cannot be read, work is not
-    called and its result is the `Missing` with the reason."""
+    called and its result is the `Missing` with the reason. The progress bar is `progress` where
+    given (the caller's, closed by it), else one of `total` samples (default: the split's)."""
     global _job
     blocks = source.blocks(split) if blocks is None else blocks
-    progress = Progress(len(source.entries(split)) if total is None else total, desc, unit="img")
+    own = progress is None
+    if own:
+        progress = Progress(len(source.entries(split)) if total is None else total, desc, unit="img")
     _job = (source, split, work)
     try:
         with _worker_death_said(desc):
@@ -39,7 +43,8 @@ def map_samples(source: Source, split: str, work: Callable, num_workers: int, de
                     progress.update(len(indices))
     finally:
         _job = None
-    progress.close()
+    if own:
+        progress.close()
 
 
 def _block_work(indices: np.ndarray) -> tuple[np.ndarray, list]:

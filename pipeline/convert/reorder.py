@@ -1,9 +1,9 @@
 """Samples encoded in the source's order, taken back in the seeded write order, with memory bounded
 whatever the dataset's size: each goes to a bucket file on disk, in OUT, by its place in the write
-order (bucket k holds places [k*P, (k+1)*P)), its place, offset, size and flags to the bucket's
-index file. Buckets are then taken one at a time: the index sorted by place, each sample read at its
-offset, the bucket deleted once done. The disk this needs is the output's size once, since each
-bucket is gone before the shards it fills are much written; the memory, a bucket's index (21 bytes
+order (bucket k holds places [k*P, (k+1)*P)), its place, index in the source, offset, size and
+flags to the bucket's index file. Buckets are then taken one at a time: the index sorted by place,
+each sample read at its offset, the bucket deleted once done. The disk this needs is the output's size once, since each
+bucket is gone before the shards it fills are much written; the memory, a bucket's index (29 bytes
 a sample) and one sample.
 
 So a source is read front to back (a tar of tars, a parquet file row group by row group, a bucket's
@@ -20,11 +20,11 @@ import numpy as np
 
 BUCKET_BYTES = 64 << 20       # the samples of a bucket, about; its index is what is held in memory
 OPEN_BUCKETS = 128
-RECORD = np.dtype([("place", "<u8"), ("offset", "<u8"), ("length", "<u4"), ("flags", "u1")])
+RECORD = np.dtype([("place", "<u8"), ("index", "<u8"), ("offset", "<u8"), ("length", "<u4"), ("flags", "u1")])
 
 
 class Reorder:
-    """`put(place, data, flags)` in any order, then `taken()` in place order, once."""
+    """`put(place, index, data, flags)` in any order, then `taken()` in place order, once."""
 
     def __init__(self, folder: Path, count: int, mean_bytes: int):
         self.folder, self.count = folder, count
@@ -48,15 +48,15 @@ class Reorder:
         self._open[bucket] = handles
         return handles
 
-    def put(self, place: int, data: bytes, flags: int = 0) -> None:
+    def put(self, place: int, index: int, data: bytes, flags: int = 0) -> None:
         bucket = place // self.per_bucket
         data_file, index_file = self._files(bucket)
         data_file.write(data)
-        index_file.write(np.array([(place, self._written[bucket], len(data), flags)], RECORD).tobytes())
+        index_file.write(np.array([(place, index, self._written[bucket], len(data), flags)], RECORD).tobytes())
         self._written[bucket] += len(data)
 
-    def taken(self) -> Iterator[tuple[int, int, bytes]]:
-        """(place, flags, data) of every sample put, in place order; each bucket is deleted once read."""
+    def taken(self) -> Iterator[tuple[int, int, int, bytes]]:
+        """(place, index, flags, data) of every sample put, in place order; each bucket is deleted once read."""
         for handles in self._open.values():
             for handle in handles:
                 handle.close()
@@ -69,7 +69,7 @@ class Reorder:
             records = records[np.argsort(records["place"], kind="stable")]
             with open(path, "rb") as data:
                 for at in range(0, len(records), 4096):
-                    for place, offset, length, flags in records[at:at + 4096].tolist():
-                        yield place, flags, os.pread(data.fileno(), length, offset)
+                    for place, index, offset, length, flags in records[at:at + 4096].tolist():
+                        yield place, index, flags, os.pread(data.fileno(), length, offset)
             os.unlink(path)
             os.unlink(path.with_suffix(".idx"))

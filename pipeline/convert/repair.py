@@ -3,9 +3,10 @@ WebDataset shards whose tar, index or checksums failed, or the FFCV split whose 
 SRC, the source the dataset was converted from, read in the form and with the options its manifest
 records.
 
-A WebDataset shard is rebuilt from the very samples it held: the split's seeded write order, less
-the samples the manifest lists as skipped, cut at the shard's first sample and count, with the same
-keys. The converter is deterministic, so the rebuilt tar has the manifest's sha256 unless the
+A WebDataset shard is rebuilt by running its task of the conversion's plan again
+(pipeline/convert/plan.py); for a dataset converted before shards were planned, from the very
+samples it held: the split's seeded write order, less the samples the manifest lists as skipped,
+cut at the shard's first sample and count, with the same keys. The converter is deterministic, so the rebuilt tar has the manifest's sha256 unless the
 encoding libraries changed since; then the new bytes are kept only if SRC's split is the one
 converted (its fingerprint), and the manifest's record of the shard is updated. FFCV's writer
 places images in the order its processes ask for pages, so a rebuilt .beton always gets a new
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +26,11 @@ import numpy as np
 from pipeline.convert.errors import ConversionError
 from pipeline.convert.options import FfcvOptions, RunOptions, WdsOptions
 from pipeline.convert.parallel import map_samples
+from pipeline.convert.plan import ShardPlan, write_order
+from pipeline.convert.shard_tasks import ShardDone, encoder, write_shards
 from pipeline.convert.sources import Missing, Source, SourceOptions, open_source
 from pipeline.convert.splits import scratch_in
-from pipeline.formats.wds_shards import ShardWriter, sample_members
+from pipeline.formats.wds_shards import ShardRecord, ShardWriter, sample_members
 from pipeline.storage.atomic_files import replace_atomically
 
 SHARD_FILES = ("tar", "index", "checksums")       # a webdataset shard's files, as its record names them
@@ -58,7 +62,6 @@ def written_samples(source: Source, manifest: dict, split: str) -> np.ndarray:
     """The indices of the source's samples in the order the converter wrote them: the write order
     less those it skipped (by their place in the source, or for a manifest that records no place,
     by their path under SRC)."""
-    from pipeline.convert.wds import write_order
     entries = source.entries(split)
     skipped = manifest["splits"][split].get("skipped", [])
     left_out = {skip["entry"] for skip in skipped if "entry" in skip}
@@ -84,9 +87,10 @@ def rebuild_shards(src: str, manifest: dict, split: str, numbers: list[int], out
 
 def _rebuild_shards(src: str, manifest: dict, split: str, numbers: list[int], out: Path, num_workers: int,
                     scratch: Path) -> bool:
-    from pipeline.convert.wds import encoder
     record = manifest["splits"][split]
     source, same_source = recorded_source(src, manifest, split, scratch)
+    if "shard_samples" in record:
+        return _run_shard_tasks(source, same_source, src, manifest, split, numbers, out, num_workers, scratch)
     written = written_samples(source, manifest, split)
     if len(written) != record["count"]:
         raise ConversionError(f"{src}: {len(written):,} {split} samples to write where the dataset holds "
@@ -126,6 +130,50 @@ def _rebuild_shards(src: str, manifest: dict, split: str, numbers: list[int], ou
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return changed
+
+
+def _run_shard_tasks(source: Source, same_source: bool, src: str, manifest: dict, split: str, numbers: list[int],
+                     out: Path, num_workers: int, scratch: Path) -> bool:
+    """Rebuild shards of a planned conversion: their tasks, run again."""
+    record, options = manifest["splits"][split], WdsOptions.from_params(manifest["params"])
+    plan = ShardPlan(split, len(source.entries(split)), record["shard_samples"], options.seed)
+    places = plan.order_and_places(scratch / "order")[1]
+    holding, changed = out / split / f".repair-{os.getpid()}", False
+    for number in numbers:
+        shard = record["shards"][number]
+        rebuilt: list[ShardDone] = []
+
+        def hold(_: int, done: ShardDone, staging: Path) -> None:
+            for file in (ShardRecord.from_dict(done.record).files().values() if done.record else ()):
+                os.replace(staging / file.name, holding / file.name)
+            rebuilt.append(done)
+        shutil.rmtree(holding, ignore_errors=True)
+        holding.mkdir(parents=True)
+        try:
+            staging = out / split / f".repair-staging-{os.getpid()}"
+            write_shards(source, plan, [shard_number(shard)], places, options, num_workers, staging,
+                         partial(hold, staging=staging))
+            done = rebuilt[0]
+            if done.record is None or done.record["count"] != shard["count"]:
+                raise ConversionError(f"{src}: {shard['tar']} rebuilt holds {done.record['count'] if done.record else 0}"
+                                      f" samples where it held {shard['count']}: not the source it was converted "
+                                      f"from, or changed since; {AGAIN}")
+            if done.record["sha256"] != shard["sha256"]:
+                if not same_source:
+                    raise ConversionError(f"{src}: its {split} files differ from those converted (added, removed or "
+                                          f"modified since), and {shard['tar']} rebuilt from them differs too; {AGAIN}")
+                shard.update(done.record)
+                changed = True
+            for kind in SHARD_FILES:
+                replace_atomically(holding / done.record[kind], out / split / done.record[kind])
+        finally:
+            shutil.rmtree(holding, ignore_errors=True)
+    return changed
+
+
+def shard_number(shard: dict) -> int:
+    """The number a shard's record names it by (shard-NNNNNN.tar)."""
+    return int(shard["tar"].split("-")[1].split(".")[0])
 
 
 def rebuild_beton(src: str, manifest: dict, split: str, out: Path, num_workers: int) -> bool:

@@ -29,6 +29,7 @@ from typing import Callable
 
 from pipeline.convert.errors import ConversionError, ConversionFault
 from pipeline.convert.options import ImageOptions, RunOptions
+from pipeline.convert.out_lock import out_lock
 from pipeline.convert.sources import Source, open_source
 from pipeline.convert.upload import add_checksums, open_destination
 from pipeline.storage.atomic_files import check_writable
@@ -54,6 +55,7 @@ class SplitResult:
     skipped: list[Skipped] = field(default_factory=list)
     files: list[str] = field(default_factory=list)   # outputs, relative to OUT
     extra: dict = field(default_factory=dict)   # format-specific manifest entries
+    place: Callable[[], None] | None = None     # puts outputs still kept aside in place, once all splits are done
 
 
 def report_skips(skipped: list[Skipped]) -> None:
@@ -62,11 +64,15 @@ def report_skips(skipped: list[Skipped]) -> None:
 
 
 def run_conversion(run: RunOptions, options: ImageOptions, format_name: str, libraries: tuple[str, ...],
-                   convert_split: Callable[[ImageOptions, RunOptions, Source, str, Path], SplitResult]) -> int:
+                   convert_split: Callable[..., SplitResult | None]) -> int:
     """Find SRC's form, convert each split with `convert_split`, write the manifest; the exit code.
 
-    `convert_split(options, run, source, split, out)` writes its outputs under temporary names
-    and renames them into place before it returns; the manifest, written last, marks completion.
+    `convert_split(options, run, source, split, out, identity)` writes its outputs under temporary
+    names and renames them into place, before it returns or in its result's `place`, called once
+    every split is converted; `identity` names what decides its output (the source, its
+    fingerprint, the options). It returns None for a part of a run across machines, which writes
+    no manifest. The manifest, written last, marks completion. One converter at a time writes in
+    OUT (pipeline/convert/out_lock.py).
     Splits converted by an earlier run into the same OUT with the same classes and options stay
     in the manifest; a split whose source is unchanged is not converted again. An s3:// or gs://
     OUT is checked first, then converted in a staging folder and uploaded.
@@ -83,7 +89,7 @@ def run_conversion(run: RunOptions, options: ImageOptions, format_name: str, lib
         if src == out.resolve() or out.resolve() in src.parents:
             raise ConversionError(f"{out}: output folder must not contain the source folder")
     check_out_folder(out, create=False)
-    with scratch_in(out) as source.scratch:
+    with scratch_in(out) as source.scratch, out_lock(out, shared=run.part is not None):
         try:
             classes = source.classes(splits)
             source.use_classes(classes)
@@ -101,11 +107,20 @@ def run_conversion(run: RunOptions, options: ImageOptions, format_name: str, lib
             raise ConversionFault(f"{out}: {describe_os_error(error)} while reading {source.files.root}; nothing was "
                                   f"written, and outputs of earlier runs are intact") from None
         check_out_folder(out)
-        started, converted = time.perf_counter(), 0
+        started, converted, results = time.perf_counter(), 0, {}
         for split in todo:
-            kept[split] = convert_one(options, run, source, split, out, convert_split, fingerprints[split], classes)
+            identity = {**record, "source_fingerprint": fingerprints[split]}
+            results[split] = convert_one(options, run, source, split, out, convert_split, identity, classes)
             converted += len(source.entries(split))
         elapsed = time.perf_counter() - started
+        if run.part:
+            log.info("%s: part %d/%d written; once every part is, --finish %d writes the manifest", out, *run.part,
+                     run.part[1])
+            return 0
+        for split, (result, split_record) in results.items():
+            if result.place:
+                result.place()
+            kept[split] = split_record
         done = {split: kept[split] for split in sorted(kept)}
         for split, split_record in done.items():
             add_checksums(split, split_record, out)
@@ -146,22 +161,25 @@ def splits_to_convert(out: Path, previous: dict | None, record: dict, source: So
 
 
 def convert_one(options: ImageOptions, run: RunOptions, source: Source, split: str, out: Path,
-                convert_split: Callable, fingerprint: str, classes: list[str]) -> dict:
-    """Convert one split; its record for the manifest."""
+                convert_split: Callable, identity: dict, classes: list[str]) -> tuple[SplitResult | None, dict]:
+    """Convert one split; its result and its record for the manifest (None and {} for a part)."""
     entries = source.entries(split)
     report_skips(entries.skipped)
     missing_classes = [name for name, count in zip(classes, entries.label_counts(len(classes)).tolist()) if not count]
     if missing_classes:
         log.warning("warning: %s: no images for classes %s", split, missing_classes[:20])
     try:
-        result = convert_split(options, run, source, split, out)
+        result = convert_split(options, run, source, split, out, identity)
     except OSError as error:
-        raise ConversionFault(f"{out}: {describe_os_error(error)} while writing the {split} split; its partial "
-                              f"output was removed and outputs of earlier runs are intact") from None
+        raise ConversionFault(f"{out}: {describe_os_error(error)} while writing the {split} split; nothing of "
+                              f"it looks complete, outputs of earlier runs are intact, and running again goes on "
+                              f"from the shards finished") from None
+    if result is None:
+        return None, {}
     report_skips(result.skipped)
-    return {"count": result.count, "files": result.files, "source_fingerprint": fingerprint,
-            "empty_classes": missing_classes, "skipped": [s.as_dict() for s in entries.skipped + result.skipped],
-            **result.extra}
+    return result, {"count": result.count, "files": result.files, "source_fingerprint": identity["source_fingerprint"],
+                    "empty_classes": missing_classes,
+                    "skipped": [s.as_dict() for s in entries.skipped + result.skipped], **result.extra}
 
 
 def manifest_content(record: dict, splits: dict[str, dict], class_names: list[str] | None,

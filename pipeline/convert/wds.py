@@ -12,163 +12,142 @@ INTER_AREA, FFCV's size rounding). An RGB JPEG that needs no resize and no EXIF 
 is stored as it is, without a lossy re-encode; anything else is re-encoded at
 --jpeg-quality. Either way it is then rewritten losslessly with a restart marker after every
 MCU (the same pixels, a few % more bytes; --no-restart-markers stores it without): the
-decode engine then decodes only the MCUs under a crop (pipeline/native/jpeg_restarts.h). Train
-samples are written in a seeded random order, because WebDataset readers only shuffle shards
-and a buffer; val stays in the source's order. Samples are read and encoded in the source's
-order and put in the write order through buckets on disk (pipeline/convert/reorder.py).
-Tars are deterministic: the same input and options give the same bytes.
+decode engine then decodes only the MCUs under a crop (pipeline/native/jpeg_restarts.h).
+
+Which samples each shard holds, in which order and under which keys is planned before anything is
+written (pipeline/convert/plan.py), and shards are written by tasks of that plan
+(pipeline/convert/shard_tasks.py): on this machine's process pool, a group of shards at a time; on
+a Ray cluster (--executor ray), a shard a task; or as part I of N (--part, then --finish). Each
+finished shard is recorded in OUT (pipeline/convert/in_progress.py), so a killed run, run again with
+the same command, writes only the shards not yet finished. Tars are deterministic: the same input
+and options give the same bytes, however and wherever they were written.
 """
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import shutil
-from dataclasses import dataclass
+import math
 from functools import partial
 from pathlib import Path
-from typing import Iterator
-
-import numpy as np
 
 from pipeline.convert.cli import common_parser, main_guard, run_options
-from pipeline.convert.images import describe_failure, encode_jpeg, load_rgb, open_image, probe, usable_as_is
+from pipeline.convert.errors import ConversionError, ConversionFault
+from pipeline.convert.in_progress import InProgress
 from pipeline.convert.options import RunOptions, WdsOptions
-from pipeline.convert.parallel import map_samples
-from pipeline.convert.reorder import Reorder
-from pipeline.convert.sources import Missing, Source
-from pipeline.convert.sources.entries import CHUNK
+from pipeline.convert.plan import ShardPlan
+from pipeline.convert.shard_tasks import ShardDone, write_shards
+from pipeline.convert.sources import Source
 from pipeline.convert.splits import SplitResult, run_conversion
-from pipeline.storage.atomic_files import replace_atomically
 from pipeline.formats.imagefolder import Skipped
-from pipeline.formats.wds_shards import MEMBERS, SAMPLE_CHECKSUM, ShardWriter, sample_members
-from pipeline.decode.jpeg_roi import JPEGError, transcode
+from pipeline.formats.wds_shards import MEMBERS, SAMPLE_CHECKSUM
+from pipeline.progress import Progress
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class Encoded:
-    jpeg: bytes | None        # None when the sample could not be used
-    reason: str | None = None
-    restart_markers: bool = False
+GROUP_BYTES = (256 << 20, 2 << 30)   # source bytes read for a group of shards, at least and at most: what a kill costs
 
 
-def encode_sample(data: bytes, max_resolution: int | None, jpeg_quality: int, restart_markers: bool) -> Encoded:
-    try:
-        with open_image(data) as image:
-            as_is = usable_as_is(image, max_resolution)
-        if not as_is:
-            jpeg = encode_jpeg(load_rgb(data, max_resolution), jpeg_quality)
-        else:
-            # Stored unchanged, so a full decode would only check it: probe's 1/8-scale decode
-            # reads the whole stream at a fraction of the cost.
-            reason = probe(data)
-            if reason:
-                return Encoded(None, reason)
-            jpeg = bytes(data)
-    except Exception as error:  # noqa: BLE001 - any failure of any decoder is a skip
-        return Encoded(None, describe_failure(error))
-    if restart_markers:
-        try:
-            return Encoded(transcode(jpeg), restart_markers=True)
-        except JPEGError:   # libjpeg warns about it (Pillow did not): stored as it is, decoded whole
-            pass
-    return Encoded(jpeg)
-
-
-def encoder(options: WdsOptions):
-    """`encode_sample` with the format's options (the command line's, or a manifest's `params`)."""
-    return partial(encode_sample, max_resolution=options.max_resolution or None, jpeg_quality=options.jpeg_quality,
-                   restart_markers=options.restart_markers)
-
-
-def write_order(count: int, split: str, seed: int, folder: Path | None = None) -> np.ndarray | None:
-    """The samples' indices in the order they are written: for train a seeded permutation (in a
-    file under `folder` where given, so that memory does not grow with the count); None (the
-    source's order) for the other splits."""
-    if split != "train":
+def convert_split(options: WdsOptions, run: RunOptions, source: Source, split: str, out: Path,
+                  identity: dict) -> SplitResult | None:
+    """Write the split's shards not yet finished in OUT/.converting (all of them, this part's, or,
+    for --finish, none); once all are, the split's result, whose `place` moves them into OUT/<split>.
+    None for a part, which leaves the rest to --finish."""
+    plan = ShardPlan.of(source, split, options)
+    progress = InProgress(out, split, {**identity, "plan": plan.as_dict()})
+    progress.begin(refuse_other=bool(run.part or run.finish), alone=not run.part)
+    done = progress.done()
+    todo = [number for number in range(plan.shards) if number not in done]
+    if done and todo and not run.finish:
+        log.info("%s: %d of %d %s shards were finished by an earlier run; writing the other %d",
+                 out, len(done), plan.shards, split, len(todo))
+    if run.part:
+        part, parts = run.part
+        todo = [number for number in todo if number % parts == part]
+    if run.finish and todo:
+        missing = sorted({number % run.finish for number in todo})
+        raise ConversionError(f"{out}: {len(todo)} of the {plan.shards} {split} shards are not written yet, by part"
+                              f"{'s' * (len(missing) > 1)} {', '.join(f'{p}/{run.finish}' for p in missing)}; "
+                              "run them, then --finish")
+    if todo:
+        executor = write_on_ray if run.executor == "ray" else write_here
+        executor(source, plan, todo, options, run, progress)
+    if run.part:
         return None
-    if folder is None:
-        return np.random.default_rng(seed).permutation(count)
-    folder.mkdir(parents=True, exist_ok=True)
-    order = np.memmap(folder / "order.bin", np.int64, mode="w+", shape=(max(count, 1),))[:count]
-    for at in range(0, count, CHUNK):
-        order[at:at + CHUNK] = np.arange(at, min(at + CHUNK, count))
-    np.random.default_rng(seed).shuffle(order)      # permutation(count)'s very shuffle, on the file
-    return order
+    done = progress.done()
+    lost = [number for number in range(plan.shards) if number not in done]
+    if lost:
+        raise ConversionFault(f"{out}: {split} shards {lost[:10]} were written but are not there now; run again")
+    return merged(source, plan, done, partial(progress.place, out / split))
 
 
-def places(order: np.ndarray, folder: Path) -> np.ndarray:
-    """Each sample's place in the write order (the inverse of `order`), in a file under `folder`."""
-    place = np.memmap(folder / "place.bin", np.int64, mode="w+", shape=(max(len(order), 1),))[:len(order)]
-    for at in range(0, len(order), CHUNK):
-        place[order[at:at + CHUNK]] = np.arange(at, min(at + CHUNK, len(order)))
-    return place
+def write_here(source: Source, plan: ShardPlan, numbers: list[int], options: WdsOptions, run: RunOptions,
+               progress: InProgress) -> None:
+    """The local process pool: the shards a group at a time, so that a kill loses one group at most."""
+    places = plan.order_and_places(source.scratch / f"{plan.split}-order")[1]
+    staging = progress.staging()
+    bar = Progress(plan.samples_in(numbers), f"{plan.split}: encoding", unit="img")
+    for group in shard_groups(source, plan, numbers):
+        write_shards(source, plan, group, places, options, run.num_workers, staging,
+                     partial(progress.finished, staging=staging), bar)
+    bar.close()
 
 
-def encoded_in_write_order(source: Source, split: str, options: WdsOptions, num_workers: int, scratch: Path,
-                           skipped: list[Skipped]) -> Iterator[tuple[int, Encoded]]:
-    """(index, encoded sample) of each usable sample of the split in the write order; what cannot
-    be used goes to `skipped`, in source order. Read and encoded in the source's order."""
-    entries = source.entries(split)
-    results = map_samples(source, split, encoder(options), num_workers, f"{split}: encoding")
-
-    def usable() -> Iterator[tuple[int, Encoded]]:
-        for index, result in results:
-            if isinstance(result, Missing):
-                result = Encoded(None, result.reason)
-            if result.jpeg is None:
-                skipped.append(Skipped(source.name(split, index), result.reason, index))
-            else:
-                yield index, result
-    order = write_order(len(entries), split, options.seed, scratch)
-    if order is None:
-        yield from usable()
-        return
-    place = places(order, scratch)
-    reorder = Reorder(scratch / "buckets", len(order), entries.mean_size())
-    for index, result in usable():
-        reorder.put(int(place[index]), result.jpeg, result.restart_markers)
-    del place
-    for position, flags, jpeg in reorder.taken():
-        yield int(order[position]), Encoded(jpeg, restart_markers=bool(flags))
+def write_on_ray(source: Source, plan: ShardPlan, numbers: list[int], options: WdsOptions, run: RunOptions,
+                 progress: InProgress) -> None:
+    from pipeline.convert.ray_executor import write_shards_on_ray
+    write_shards_on_ray(source, plan, numbers, options, run, progress)
 
 
-def convert_split(options: WdsOptions, run: RunOptions, source: Source, split: str, out: Path) -> SplitResult:
-    final = out / split
-    tmp = out / f".{split}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        labels = source.entries(split).labels
-        writer, skipped, with_markers = ShardWriter(tmp, int(options.shard_size_mb * 2**20)), [], 0
-        for index, encoded in encoded_in_write_order(source, split, options, run.num_workers, tmp / ".reorder",
-                                                     skipped):
-            with_markers += encoded.restart_markers
-            writer.add(f"{writer.count:09d}", sample_members(encoded.jpeg, int(labels[index])))
-        writer.close()
-        shutil.rmtree(tmp / ".reorder", ignore_errors=True)
-        count = writer.count
-        if not count:
-            log.warning("warning: %s: no decodable images; %s not written", split, final)
-            return SplitResult(0, skipped)
-        replace_atomically(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    files = [f"{split}/{shard[kind]}" for shard in writer.shards for kind in ("tar", "index", "checksums")]
-    return SplitResult(count, skipped, files, {"shards": writer.shards, "members": MEMBERS, "restart_markers": with_markers,
-                                               "sample_checksum": SAMPLE_CHECKSUM,
-                                               "bytes": sum((out / f).stat().st_size for f in files)})
+def shard_groups(source: Source, plan: ShardPlan, numbers: list[int]) -> list[list[int]]:
+    """`numbers` in groups of an eighth of the split's shards, within GROUP_BYTES of source; one
+    group where a sample cannot be read without its neighbours (parquet), since each group reads
+    every row group it touches."""
+    if not source.sample_reads:
+        return [numbers]
+    shard_bytes = max(1, plan.per_shard * source.entries(plan.split).mean_size())
+    least, most = (-(-limit // shard_bytes) for limit in GROUP_BYTES)
+    size = max(1, least, min(most, math.ceil(plan.shards / 8)))
+    return [numbers[at:at + size] for at in range(0, len(numbers), size)]
+
+
+def merged(source: Source, plan: ShardPlan, done: dict[int, ShardDone], place) -> SplitResult:
+    """The split's result from its finished shards' records."""
+    shards = [done[number].record for number in sorted(done) if done[number].record is not None]
+    skipped = sorted((skip for finished in done.values() for skip in finished.skipped), key=lambda skip: skip.entry)
+    skipped = [Skipped(source.name(plan.split, skip.entry), skip.reason, skip.entry) for skip in skipped]
+    count = sum(shard["count"] for shard in shards)
+    if not count:
+        log.warning("warning: %s: no decodable images; not written", plan.split)
+        return SplitResult(0, skipped, place=place)
+    files = [f"{plan.split}/{shard[kind]}" for shard in shards for kind in ("tar", "index", "checksums")]
+    return SplitResult(count, skipped, files, {
+        "shards": shards, "members": MEMBERS, "shard_samples": plan.per_shard,
+        "restart_markers": sum(finished.restart_markers for finished in done.values()),
+        "sample_checksum": SAMPLE_CHECKSUM,
+        "bytes": sum(shard[size] for shard in shards for size in ("bytes", "index_bytes", "checksums_bytes"))},
+        place=place)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = common_parser(__doc__.splitlines()[0])
-    parser.add_argument("--shard-size-mb", type=float, default=256, help="largest shard size in MiB")
+    parser.add_argument("--shard-size-mb", type=float, default=256,
+                        help="shard size in MiB, about: shards are cut by count, this over the source's mean "
+                             "sample size")
+    parser.add_argument("--shard-samples", type=int, default=None, help="samples a shard (instead of --shard-size-mb)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train split's write order")
     parser.add_argument("--restart-markers", action=argparse.BooleanOptionalAction, default=True,
                         help="store each JPEG with a restart marker after every MCU (lossless), so the decode "
                              "engine decodes only the MCUs a crop needs")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="where shards are written: this machine's process pool, or a Ray cluster (one task a "
+                             "shard; OUT must be a folder every node sees)")
+    parser.add_argument("--ray-address", default=None,
+                        help="the Ray cluster (default: RAY_ADDRESS, else a Ray started on this machine)")
+    parser.add_argument("--part", default=None, metavar="I/N",
+                        help="write only part I of N (0 <= I < N) of the shards, for a launcher of N tasks (a Slurm "
+                             "array, a Kubernetes indexed job) into one shared OUT; then --finish")
+    parser.add_argument("--finish", type=int, default=None, metavar="N",
+                        help="after the N parts: check every shard is written and write the manifest")
     return parser
 
 
@@ -176,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run = run_options(args)
     options = WdsOptions(max_resolution=args.max_resolution, jpeg_quality=args.jpeg_quality,
-                         shard_size_mb=args.shard_size_mb, seed=args.seed, restart_markers=args.restart_markers)
+                         shard_size_mb=args.shard_size_mb, shard_samples=args.shard_samples, seed=args.seed,
+                         restart_markers=args.restart_markers)
     return run_conversion(run, options, "webdataset", ("webdataset",), convert_split)
 
 

@@ -46,12 +46,14 @@ class Source:
     title = ""              # what the form is, in the first line of output
     remote_ok = False       # whether SRC may be a URL
     whole_files = False     # each sample is a file of its own (else a byte range of a larger file)
+    sample_reads = True     # a sample is read without its neighbours (a parquet cell is not: its row group is)
 
     def __init__(self, files: SourceFiles, options: SourceOptions):
         self.files, self.options = files, options
         self._entries: dict[str, Entries] = {}
         self.used_classes: list[str] | None = None
         self.scratch: Path | None = None     # where a scan keeps its columns (None: in memory)
+        self._numbers: dict[str, np.ndarray] = {}   # a restricted split's samples' indices in the whole split
 
     def builder(self, split: str) -> EntriesBuilder:
         return EntriesBuilder(self.scratch / split if self.scratch is not None else None)
@@ -60,6 +62,7 @@ class Source:
         """Label samples by their class's place in `classes` (this conversion's, or a manifest's)."""
         self.used_classes = list(classes)
         self._entries.clear()
+        self._numbers.clear()
 
     @classmethod
     def found(cls, files: SourceFiles, splits: list[str]) -> str | None:
@@ -85,6 +88,16 @@ class Source:
     def class_names(self, splits: list[str]) -> list[str] | None:
         """Readable names of the classes, where the source has them (ImageNet's words)."""
         return None
+
+    def restrict(self, split: str, entries: Entries, numbers: np.ndarray) -> None:
+        """Read only `entries` of `split` (`Entries.subset`), whose indices in the whole split are
+        `numbers`: a task given a few samples reads them without scanning the source again."""
+        self._entries[split], self._numbers[split] = entries, np.asarray(numbers)
+
+    def entry_number(self, split: str, index: int) -> int:
+        """The sample's index in the whole split."""
+        numbers = self._numbers.get(split)
+        return int(index) if numbers is None else int(numbers[index])
 
     def entries(self, split: str) -> Entries:
         if split not in self._entries:

@@ -48,6 +48,7 @@ class ParquetSource(Source):
     form = "parquet"
     title = "Hugging Face image-classification parquet (image.bytes, label)"
     remote_ok = True
+    sample_reads = False
 
     @classmethod
     def found(cls, files, splits: list[str]) -> str | None:
