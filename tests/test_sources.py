@@ -380,9 +380,9 @@ def test_samples_put_in_any_order_come_back_in_the_write_order_with_bounded_buck
     places = np.random.default_rng(0).permutation(57)
     buffer = reorder.Reorder(tmp_path / "buckets", 57, mean_bytes=10)
     for place in places.tolist():
-        buffer.put(place, f"sample {place}".encode(), place % 2)
+        buffer.put(place, 100 + place, f"sample {place}".encode(), place % 2)
     assert buffer.buckets == 6 and len(list((tmp_path / "buckets").glob("bucket-??????"))) == 6
-    assert list(buffer.taken()) == [(place, place % 2, f"sample {place}".encode()) for place in range(57)]
+    assert list(buffer.taken()) == [(place, 100 + place, place % 2, f"sample {place}".encode()) for place in range(57)]
     assert not any((tmp_path / "buckets").iterdir())
 
 

@@ -158,7 +158,7 @@ def write_beton(options: FfcvOptions, run: RunOptions, source: Source, split: st
     image_field = RGBImageField(write_mode=options.write_mode, max_resolution=options.max_resolution or None,
                                 smart_threshold=options.smart_threshold, jpeg_quality=options.jpeg_quality,
                                 compress_probability=options.compress_probability)
-    with tempfile.NamedTemporaryFile("r", suffix=".failures", dir=path.parent, delete=True) as log:
+    with tempfile.NamedTemporaryFile("r", prefix=f".{split}.failures.tmp-", dir=path.parent, delete=True) as log:
         dataset = SourceForWriter(source, split, indices, options.max_resolution or None, log.name,
                                   options.chunk_size)
         writer = DatasetWriter(str(path), {"image": image_field, "label": IntField()},

@@ -42,10 +42,16 @@ def _note_forker() -> None:
     _forker = os.getpid()
 
 
+_registered = False
+
+
 def children_die_with_this_process() -> None:
     """Every process forked from here on, by this code or a library's (FFCV's writer), gets
     `die_with_parent`."""
-    os.register_at_fork(before=_note_forker, after_in_child=die_with_parent)
+    global _registered
+    if not _registered:
+        os.register_at_fork(before=_note_forker, after_in_child=die_with_parent)
+        _registered = True
 
 
 class WorkerDied(Exception):
