@@ -378,6 +378,18 @@ def test_wds_shards_are_deterministic_size_capped_and_indexed_as_dali_does_witho
         assert (tmp_path / "a/train" / shard["index"]).read_text() == (tmp_path / "dali.idx").read_text(), shard
 
 
+def test_a_beton_is_the_same_bytes_whatever_the_number_of_writer_processes(sample_sets, tmp_path, capsys):
+    """FFCV's writer places pages as its processes ask for them; the converter then lays the file
+    out as one process would."""
+    for name, workers in (("one", 1), ("two", 2), ("again", 2)):
+        run_tool_here(capsys, "convert_ffcv.py", sample_sets / "photos", tmp_path / name, "--splits", "val",
+                      "--num-workers", workers, check=True)
+    digests = [tree_digest(tmp_path / name) for name in ("one", "two", "again")]
+    for digest in digests:
+        digest.pop("manifest.json")
+    assert digests[0] == digests[1] == digests[2] and "val.beton" in digests[0]
+
+
 def dali_labels(split_dir: Path, manifest: dict, split: str) -> list[int]:
     """Labels read by DALI's readers.webdataset (CPU pipeline) through the .idx files."""
     from nvidia.dali import fn, pipeline_def, types

@@ -54,8 +54,8 @@ from gpu_bundle_install import (FORMAT, MANIFEST, BundleError, distribution, ins
 
 # What the node is taken to have: built against its own CUDA and Python, too big to carry.
 NODE_HAS = {"torch", "numpy", "numba", "llvmlite", "pillow", "opencv-python", "opencv-python-headless"}
-# What the GPU check never runs: reading parquet and ImageNet's devkit, which converting does where the data is.
-NOT_CARRIED = {"pyarrow", "scipy"}
+# What the GPU check never runs: reading parquet and ImageNet's devkit, and Ray, which converting does where the data is.
+NOT_CARRIED = {"pyarrow", "scipy", "ray"}
 # DALI's optional codec libraries (nvTIFF and nvJPEG2000 decoders, nvCOMP's GPU decompression).
 DALI_OPTIONAL = re.compile(r"nvidia-(libnvcomp|nvjpeg2k|nvtiff)")
 JPEG_KIT_PACKAGES = ("libjpeg62-turbo", "libjpeg62-turbo-dev")

@@ -16,6 +16,7 @@ REST_SPECS=("numpy>=1.24,<2.6" "numba>=0.60,<0.70" "webdataset>=1.0,<2" "pytest>
             "simplejpeg>=1.7,<2"    # simplejpeg: the decode-only bound in benchmarks/loaders.py
             "obstore>=0.6,<1"       # data in object storage and behind HTTP(S): pipeline/storage/object_store.py
             "pyarrow>=14" "scipy>=1.10"   # sources read in place: Hugging Face parquet, ImageNet's devkit (meta.mat)
+            "ray>=2.40,<3"          # conversion across machines: pipeline/convert/ray_executor.py
             "moto[server]>=5,<6")   # the tests' S3 server
 PILLOW_SIMD_SPEC="pillow-simd>=9"
 # matplotlib (benchmarks/report.py, tools/plot_run.py) and TensorBoard (the trainer's optional

@@ -14,6 +14,10 @@ A worker that dies in FFCV's own code (a full disk) would also leave the writer 
 record holds its .beton's size and sha256 (`bytes`, `sha256`), for a copy to be checked against,
 and names the file of its per-sample checksums (`checksums`, `SPLIT.crc32`, with `checksums_bytes`,
 `checksums_sha256`, and `layout_crc32` for the rest of the file: pipeline/formats/beton_checksums.py).
+FFCV's writer places samples in the file as its processes ask for pages; the .beton is then copied
+into the layout one process gives (pipeline/formats/beton_layout.py), so the same source and
+options give the same bytes, however many processes wrote it. A killed run writes its split again: FFCV's
+writer cannot go on from a part of a file.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from pipeline.convert.sources import Missing, Source
 from pipeline.convert.splits import SplitResult, run_conversion
 from pipeline.convert.upload import sha256_file
 from pipeline.formats.beton_checksums import SAMPLE_CHECKSUM, MappedFile, read_layout, sample_checksums
+from pipeline.formats.beton_layout import canonical_copy
 from pipeline.storage.atomic_files import replace_atomically, write_bytes_atomic
 from pipeline.formats.imagefolder import Skipped
 from pipeline.progress import Progress
@@ -177,8 +182,7 @@ def write_beton(options: FfcvOptions, run: RunOptions, source: Source, split: st
 
 def convert_split(options: FfcvOptions, run: RunOptions, source: Source, split: str, out: Path,
                   identity: dict | None = None) -> SplitResult:
-    """Write OUT/<split>.beton in one go (FFCV's writer cannot go on from a part of a file: a killed
-    run writes the split again). `identity` is the webdataset converter's concern."""
+    """Write OUT/<split>.beton in one go. `identity` is the webdataset converter's concern."""
     skipped, good = [], []
     for index, reason in map_samples(source, split, probe, run.num_workers, f"{split}: checking"):
         if reason:
@@ -207,6 +211,12 @@ def convert_split(options: FfcvOptions, run: RunOptions, source: Source, split: 
         if not len(good):
             log.warning("warning: %s: no decodable images; %s not written", split, final.name)
             return SplitResult(0, skipped)
+        placed = tmp.with_name(tmp.name + "-placed")
+        try:
+            canonical_copy(tmp, placed)
+            os.replace(placed, tmp)
+        finally:
+            placed.unlink(missing_ok=True)
         checksums = write_checksums(tmp, out / f"{split}.crc32")
         replace_atomically(tmp, final)
     finally:

@@ -17,6 +17,18 @@ from pathlib import Path
 from pipeline.convert.errors import ConversionError
 
 LEFT_BY_KILLED_RUNS = (".scan-*", ".*.tmp-*", ".*.old-*")      # scratch, staging, a replaced output
+_held: set[int] = set()     # this process's lock descriptors
+
+
+def _close_in_child() -> None:
+    """A forked worker closes the lock it inherits: the lock then ends with the process that took
+    it, not with its last worker (which a SIGKILL of the converter leaves alive a moment)."""
+    for handle in _held:
+        os.close(handle)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
 
 
 @contextlib.contextmanager
@@ -31,6 +43,7 @@ def out_lock(out: Path, shared: bool = False):
         os.close(handle)
         raise ConversionError(f"{out}: another conversion is writing there; wait for it to end, or give another "
                               "OUT") from None
+    _held.add(handle)
     try:
         if not shared:
             for pattern in LEFT_BY_KILLED_RUNS:
@@ -38,4 +51,5 @@ def out_lock(out: Path, shared: bool = False):
                     shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink()
         yield
     finally:
+        _held.discard(handle)
         os.close(handle)

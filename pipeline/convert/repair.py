@@ -6,11 +6,11 @@ records.
 A WebDataset shard is rebuilt by running its task of the conversion's plan again
 (pipeline/convert/plan.py); for a dataset converted before shards were planned, from the very
 samples it held: the split's seeded write order, less the samples the manifest lists as skipped,
-cut at the shard's first sample and count, with the same keys. The converter is deterministic, so the rebuilt tar has the manifest's sha256 unless the
-encoding libraries changed since; then the new bytes are kept only if SRC's split is the one
-converted (its fingerprint), and the manifest's record of the shard is updated. FFCV's writer
-places images in the order its processes ask for pages, so a rebuilt .beton always gets a new
-record, and only from an unchanged SRC.
+cut at the shard's first sample and count, with the same keys. Both converters are deterministic,
+so a rebuilt tar or .beton has the manifest's sha256 unless the encoding libraries changed since
+(or, for a .beton, it was converted before its layout was made canonical); then the new bytes are
+kept only if SRC's split is the one converted (its fingerprint), and the manifest's record is
+updated.
 Rebuilt files are written under temporary names and renamed into place in `out`; the caller
 writes the manifest last, and only if a record changed.
 """
@@ -178,7 +178,7 @@ def shard_number(shard: dict) -> int:
 
 def rebuild_beton(src: str, manifest: dict, split: str, out: Path, num_workers: int) -> bool:
     """Write the FFCV `split` again as OUT/<split>.beton and its checksums, updating its record in
-    `manifest` (always: FFCV's layout varies from run to run); True."""
+    `manifest`; whether the record changed."""
     from pipeline.convert.ffcv import convert_split
     record = manifest["splits"][split]
     with scratch_in(out) as scratch:
@@ -191,5 +191,6 @@ def rebuild_beton(src: str, manifest: dict, split: str, out: Path, num_workers: 
     if result.count != record["count"]:
         raise ConversionError(f"{src}: {result.count:,} {split} samples written where the dataset held "
                               f"{record['count']:,}; {AGAIN}")
+    changed = any(record.get(key) != value for key, value in result.extra.items())
     record.update(result.extra)
-    return True
+    return changed
