@@ -108,7 +108,8 @@ def test_a_killed_conversion_run_again_writes_only_what_is_left_and_ends_as_one_
 
     process = start(source, out)
     kill_when(process, lambda: len(list((out / ".converting/val.done").glob("*.json"))) >= 2)
-    finished = {path.name: path.stat().st_ino for path in (out / ".converting/val").glob("shard-*.tar")}
+    finished = {f"{record.stem}.tar": (out / ".converting/val" / f"{record.stem}.tar").stat().st_ino
+                for record in (out / ".converting/val.done").glob("shard-*.json")}
     assert finished and not (out / "manifest.json").exists() and not (out / "val").exists()
 
     again = run_tool("convert_wds.py", source, out, *SHARD, "--num-workers", "2", check=True)
@@ -158,7 +159,7 @@ def always_fails(job):
 @pytest.mark.timeout(240)
 def test_ray_with_a_task_that_dies_once_ends_as_the_local_pool(source, uninterrupted, tmp_path, monkeypatch,
                                                                capsys):
-    import ray.cloudpickle
+    import ray
     from pipeline.convert import ray_executor
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     monkeypatch.setenv("FASTPIPE_TEST_MARKER", str(tmp_path / "died"))
@@ -169,13 +170,21 @@ def test_ray_with_a_task_that_dies_once_ends_as_the_local_pool(source, uninterru
                   check=True)
     assert (tmp_path / "died").exists(), "no task died"
     assert digest(out) == uninterrupted
+    assert not ray.is_initialized(), "the converter left its Ray running"
 
-    monkeypatch.setattr(ray_executor, "TASK", always_fails)
-    failed = run_tool_here(capsys, "convert_wds.py", source, tmp_path / "failed", *SHARD, "--num-workers", "2",
-                           "--executor", "ray", "--splits", "val")
-    last = failed.stderr.strip().splitlines()[-1]
-    assert failed.returncode == 1 and re.search(r"/val/shard-00000\d: failed 4 times on Ray \(OSError: .*Input/output",
-                                                last)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)     # a process connected already
+    try:
+        monkeypatch.setattr(ray_executor, "TASK", always_fails)
+        monkeypatch.setattr(ray_executor, "RETRIES", 1)
+        failed = run_tool_here(capsys, "convert_wds.py", source, tmp_path / "failed", *SHARD, "--num-workers", "2",
+                               "--executor", "ray", "--splits", "val")
+        assert ray.is_initialized(), "the converter ended a Ray connection it did not make"
+    finally:
+        ray.shutdown()
+    said = [line for line in failed.stderr.splitlines() if line.startswith("error: ")]   # among Ray's own lines
+    assert failed.returncode == 1 and len(said) == 1
+    assert re.search(r"/val/shard-00000\d: failed 2 times on Ray \(OSError: .*Input/output", said[0])
+    assert not (tmp_path / "failed/manifest.json").exists()
 
 
 def test_an_unreachable_ray_cluster_is_one_line(source, tmp_path, capsys):

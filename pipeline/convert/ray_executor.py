@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-import pipeline
 from pipeline.convert.errors import ConversionError, ConversionFault
 from pipeline.convert.in_progress import InProgress
 from pipeline.convert.options import RunOptions, WdsOptions
@@ -69,8 +68,9 @@ TASK = write_shard        # what each Ray task runs
 def write_shards_on_ray(source: Source, plan: ShardPlan, numbers: list[int], options: WdsOptions, run: RunOptions,
                         progress: InProgress) -> None:
     """Write the shards `numbers` of `plan` on the Ray cluster of `run` (a local one where none is
-    named), a task a shard; a ConversionFault naming the shard that kept failing."""
-    ray = _connect(run)
+    named, or the one this process is already connected to), a task a shard; a ConversionFault
+    naming the shard that kept failing."""
+    ray, connected = _connect(run)
     try:
         remote = ray.remote(TASK).options(max_retries=RETRIES, retry_exceptions=True, num_cpus=1)
         order, places = plan.order_and_places(source.scratch / f"{plan.split}-order")
@@ -97,7 +97,8 @@ def write_shards_on_ray(source: Source, plan: ShardPlan, numbers: list[int], opt
             bar.update(1)
         bar.close()
     finally:
-        ray.shutdown()
+        if connected:
+            ray.shutdown()
 
 
 def _job(source: Source, plan: ShardPlan, number: int, order: np.ndarray | None, places: np.ndarray | None,
@@ -109,12 +110,15 @@ def _job(source: Source, plan: ShardPlan, number: int, order: np.ndarray | None,
 
 
 def _connect(run: RunOptions):
-    """Ray, connected to the cluster at `run.ray_address` (checked first, so that a wrong address is
-    one line, not Ray's minute of retries) or started here with `run.num_workers` CPUs."""
+    """(Ray, whether this call connected it): connected to the cluster at `run.ray_address` (checked
+    first, so that a wrong address is one line, not Ray's minute of retries) or started here with
+    `run.num_workers` CPUs, unless this process is connected already."""
     try:
         import ray
     except ImportError:
         raise ConversionError("--executor ray needs Ray: pip install 'fastpipe[ray]' (or pip install ray)") from None
+    if ray.is_initialized():
+        return ray, False
     address = run.ray_address
     if address and address not in ("auto", "local"):
         host, _, port = address.removeprefix("ray://").rpartition(":")
@@ -124,7 +128,7 @@ def _connect(run: RunOptions):
             raise ConversionError(f"cannot reach the Ray cluster at {address} "
                                   f"({getattr(error, 'strerror', None) or error}); check --ray-address or "
                                   "RAY_ADDRESS") from None
-    code = str(Path(pipeline.__file__).resolve().parent.parent)
+    code = str(Path(__file__).resolve().parents[2])       # the folder that holds `pipeline`
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, (code, os.environ.get("PYTHONPATH"))))}}
     try:
         ray.init(address=address or None, num_cpus=None if address else run.num_workers, include_dashboard=False,
@@ -132,4 +136,4 @@ def _connect(run: RunOptions):
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConversionError(f"cannot reach the Ray cluster at {address or 'this machine'} ({error})") from None
     log.info("Ray: %d CPUs on %d nodes", ray.cluster_resources().get("CPU", 0), len(ray.nodes()))
-    return ray
+    return ray, True
