@@ -6,12 +6,12 @@ A task gets what it reads, not the scan: its samples' entries (`Entries.subset`)
 places in the split, the options and the plan, and opens SRC itself (a path every node sees, or a
 URL). So a task costs the cluster one shard's reading and encoding, whatever the dataset's size;
 a parquet source is the exception, since a cell is read with its row group (docs/loaders.md).
-Ray is an optional dependency (`pip install .[ray]`).
+Ray is an optional dependency (`pip install .[ray]`); each node needs fastpipe installed, and SRC
+and OUT at the same paths (a shared file system) or SRC at a URL.
 """
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from dataclasses import dataclass
 from functools import partial
@@ -69,36 +69,45 @@ def write_shards_on_ray(source: Source, plan: ShardPlan, numbers: list[int], opt
                         progress: InProgress) -> None:
     """Write the shards `numbers` of `plan` on the Ray cluster of `run` (a local one where none is
     named, or the one this process is already connected to), a task a shard; a ConversionFault
-    naming the shard that kept failing."""
-    ray, connected = _connect(run)
-    try:
-        remote = ray.remote(TASK).options(max_retries=RETRIES, retry_exceptions=True, num_cpus=1)
-        order, places = plan.order_and_places(source.scratch / f"{plan.split}-order")
-        base = SourceOptions(form=source.form, split_paths=source.options.split_paths,
-                             label_key=source.options.label_key, strict=source.options.strict)
-        ahead = TASKS_AHEAD * max(1, int(ray.cluster_resources().get("CPU", 1)))
-        bar = Progress(len(numbers), f"{plan.split}: shards on Ray", unit="shard")
-        pending: dict = {}
-        todo = iter(numbers)
-        while True:
-            while len(pending) < ahead and (number := next(todo, None)) is not None:
-                pending[remote.remote(_job(source, plan, number, order, places, options, run, base,
-                                           progress))] = number
-            if not pending:
-                break
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            number = pending.pop(ready[0])
-            try:
-                ray.get(ready[0])
-            except Exception as error:  # noqa: BLE001 - a task's own error or its worker's death, as Ray gives it
-                message = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-                raise ConversionFault(f"{progress.out / plan.split / SHARD_NAME.format(number)}: failed "
-                                      f"{RETRIES + 1} times on Ray ({message}); run again to go on") from None
-            bar.update(1)
-        bar.close()
-    finally:
-        if connected:
-            ray.shutdown()
+    naming the shard that kept failing. A Ray this module connected stays connected for the next
+    split, until `disconnect`."""
+    ray = _connect(run)
+    remote = ray.remote(TASK).options(max_retries=RETRIES, retry_exceptions=True, num_cpus=1)
+    order, places = plan.order_and_places(source.scratch / f"{plan.split}-order")
+    base = SourceOptions(form=source.form, split_paths=source.options.split_paths,
+                         label_key=source.options.label_key, strict=source.options.strict)
+    ahead = TASKS_AHEAD * max(1, int(ray.cluster_resources().get("CPU", 1)))
+    bar = Progress(len(numbers), f"{plan.split}: shards on Ray", unit="shard")
+    pending: dict = {}
+    todo = iter(numbers)
+    while True:
+        while len(pending) < ahead and (number := next(todo, None)) is not None:
+            pending[remote.remote(_job(source, plan, number, order, places, options, run, base,
+                                       progress))] = number
+        if not pending:
+            break
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        number = pending.pop(ready[0])
+        try:
+            ray.get(ready[0])
+        except Exception as error:  # noqa: BLE001 - a task's own error or its worker's death, as Ray gives it
+            message = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+            raise ConversionFault(f"{progress.out / plan.split / SHARD_NAME.format(number)}: failed "
+                                  f"{RETRIES + 1} times on Ray ({message}); run again to go on") from None
+        bar.update(1)
+    bar.close()
+
+
+_connected_here = False
+
+
+def disconnect() -> None:
+    """End the Ray connection `write_shards_on_ray` made (and the local Ray it started), if any."""
+    global _connected_here
+    if _connected_here:
+        import ray
+        ray.shutdown()
+        _connected_here = False
 
 
 def _job(source: Source, plan: ShardPlan, number: int, order: np.ndarray | None, places: np.ndarray | None,
@@ -110,15 +119,16 @@ def _job(source: Source, plan: ShardPlan, number: int, order: np.ndarray | None,
 
 
 def _connect(run: RunOptions):
-    """(Ray, whether this call connected it): connected to the cluster at `run.ray_address` (checked
-    first, so that a wrong address is one line, not Ray's minute of retries) or started here with
-    `run.num_workers` CPUs, unless this process is connected already."""
+    """Ray, connected to the cluster at `run.ray_address` (checked first, so that a wrong address is
+    one line, not Ray's minute of retries) or started here with `run.num_workers` CPUs, unless this
+    process is connected already."""
+    global _connected_here
     try:
         import ray
     except ImportError:
         raise ConversionError("--executor ray needs Ray: pip install 'fastpipe[ray]' (or pip install ray)") from None
     if ray.is_initialized():
-        return ray, False
+        return ray
     address = run.ray_address
     if address and address not in ("auto", "local"):
         host, _, port = address.removeprefix("ray://").rpartition(":")
@@ -128,12 +138,11 @@ def _connect(run: RunOptions):
             raise ConversionError(f"cannot reach the Ray cluster at {address} "
                                   f"({getattr(error, 'strerror', None) or error}); check --ray-address or "
                                   "RAY_ADDRESS") from None
-    code = str(Path(__file__).resolve().parents[2])       # the folder that holds `pipeline`
-    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, (code, os.environ.get("PYTHONPATH"))))}}
     try:
-        ray.init(address=address or None, num_cpus=None if address else run.num_workers, include_dashboard=False,
-                 log_to_driver=False, logging_level=logging.WARNING, runtime_env=env)
+        ray.init(address=address or "local", num_cpus=None if address else run.num_workers, include_dashboard=False,
+                 log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConversionError(f"cannot reach the Ray cluster at {address or 'this machine'} ({error})") from None
+    _connected_here = True
     log.info("Ray: %d CPUs on %d nodes", ray.cluster_resources().get("CPU", 0), len(ray.nodes()))
-    return ray, True
+    return ray

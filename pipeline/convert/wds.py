@@ -157,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     options = WdsOptions(max_resolution=args.max_resolution, jpeg_quality=args.jpeg_quality,
                          shard_size_mb=args.shard_size_mb, shard_samples=args.shard_samples, seed=args.seed,
                          restart_markers=args.restart_markers)
-    return run_conversion(run, options, "webdataset", ("webdataset",), convert_split)
+    try:
+        return run_conversion(run, options, "webdataset", ("webdataset",), convert_split)
+    finally:
+        if run.executor == "ray":
+            from pipeline.convert.ray_executor import disconnect
+            disconnect()
 
 
 def command(argv: list[str] | None = None) -> None:
