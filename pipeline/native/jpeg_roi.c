@@ -4,7 +4,8 @@
  * Rows above the crop are skipped with jpeg_skip_scanlines (entropy decoding only, no IDCT,
  * upsampling or colour conversion), rows below it are never decoded (the decompressor is
  * aborted), and columns outside it are left out with jpeg_crop_scanline, which widens the
- * region to whole iMCUs. jpeg_roi_transcode prepares a stored JPEG for the decode engine's
+ * region to whole iMCUs and upsamples the chroma of its edge columns as at an image edge (so the
+ * caller asks for a margin around the crop). jpeg_roi_transcode prepares a stored JPEG for the decode engine's
  * cut at the crop (jpeg_restarts.h). Built and loaded by pipeline/decode/jpeg_roi.py (ctypes); libjpeg's errors
  * and warnings make the call fail with a message (jpeg_errors.h).
  */
