@@ -113,7 +113,7 @@ def test_a_killed_conversion_run_again_writes_only_what_is_left_and_ends_as_one_
     assert finished and not (out / "manifest.json").exists() and not (out / "val").exists()
 
     again = run_tool("convert_wds.py", source, out, *SHARD, "--num-workers", "2", check=True)
-    assert "were finished by an earlier run" in again.stderr
+    assert "were finished already" in again.stderr
     assert digest(out) == uninterrupted     # nothing more in OUT either: no staging, scan or work left
     assert {name: (out / "val" / name).stat().st_ino for name in finished} == finished
 

@@ -18,16 +18,34 @@ import logging
 import os
 import shutil
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.convert.errors import ConversionError
-from pipeline.convert.shard_tasks import ShardDone
+from pipeline.formats.imagefolder import Skipped
 from pipeline.formats.wds_shards import SHARD_NAME, ShardRecord
 from pipeline.storage.atomic_files import fsync_path, replace_atomically, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
 WORK = ".converting"
+
+
+@dataclass
+class ShardDone:
+    """A written shard: its manifest record (None where every sample it was to hold was skipped),
+    the samples it skipped, and how many of its samples carry restart markers."""
+    record: dict | None
+    skipped: list[Skipped] = field(default_factory=list)
+    restart_markers: int = 0
+
+    def as_dict(self) -> dict:
+        return {"record": self.record, "skipped": [skip.as_dict() for skip in self.skipped],
+                "restart_markers": self.restart_markers}
+
+    @classmethod
+    def from_dict(cls, done: dict) -> ShardDone:
+        return cls(done["record"], [Skipped(**skip) for skip in done["skipped"]], done["restart_markers"])
 
 
 class InProgress:
@@ -132,6 +150,12 @@ class InProgress:
             (self.out / WORK).rmdir()
         except OSError:
             pass
+
+
+def forget_work(out: Path, split: str) -> None:
+    """Remove what an interrupted conversion of `split` left in OUT (once the split is complete
+    there, written this time or found up to date)."""
+    InProgress(out, split, {}).discard()
 
 
 def _alive(pid: int) -> bool:

@@ -10,7 +10,7 @@ writing.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from pipeline.convert.images import describe_failure, encode_jpeg, load_rgb, open_image, probe, usable_as_is
+from pipeline.convert.in_progress import ShardDone
 from pipeline.convert.options import WdsOptions
 from pipeline.convert.parallel import map_samples
 from pipeline.convert.plan import ShardPlan
@@ -63,23 +64,6 @@ def encoder(options: WdsOptions):
     """`encode_sample` with the format's options (the command line's, or a manifest's `params`)."""
     return partial(encode_sample, max_resolution=options.max_resolution or None, jpeg_quality=options.jpeg_quality,
                    restart_markers=options.restart_markers)
-
-
-@dataclass
-class ShardDone:
-    """A written shard: its manifest record (None where every sample it was to hold was skipped),
-    the samples it skipped, and how many of its samples carry restart markers."""
-    record: dict | None
-    skipped: list[Skipped] = field(default_factory=list)
-    restart_markers: int = 0
-
-    def as_dict(self) -> dict:
-        return {"record": self.record, "skipped": [skip.as_dict() for skip in self.skipped],
-                "restart_markers": self.restart_markers}
-
-    @classmethod
-    def from_dict(cls, done: dict) -> ShardDone:
-        return cls(done["record"], [Skipped(**skip) for skip in done["skipped"]], done["restart_markers"])
 
 
 def write_shards(source: Source, plan: ShardPlan, numbers: Iterable[int], places: np.ndarray | None,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.convert.errors import ConversionError, ConversionFault
+from pipeline.convert.in_progress import forget_work
 from pipeline.convert.options import ImageOptions, RunOptions
 from pipeline.convert.out_lock import out_lock
 from pipeline.convert.sources import Source, open_source
@@ -133,6 +134,8 @@ def run_conversion(run: RunOptions, options: ImageOptions, format_name: str, lib
                 raise ConversionFault(f"{out}: {describe_os_error(error)} while writing {MANIFEST}: the new files "
                                       "are in place but the manifest is the earlier one; run again once there is "
                                       "room") from None
+        for split in done:          # complete in OUT now: what a killed run left of it is of no use
+            forget_work(out, split)
     rate = f", {converted / elapsed:.0f} img/s" if converted else ""
     log.info("%s: %s, %d classes, %s, %d skipped%s", out, format_name, len(classes),
              ", ".join(f"{split} {split_record['count']}" for split, split_record in done.items()),
@@ -172,8 +175,7 @@ def convert_one(options: ImageOptions, run: RunOptions, source: Source, split: s
         result = convert_split(options, run, source, split, out, identity)
     except OSError as error:
         raise ConversionFault(f"{out}: {describe_os_error(error)} while writing the {split} split; nothing of "
-                              f"it looks complete, outputs of earlier runs are intact, and running again goes on "
-                              f"from the shards finished") from None
+                              f"it looks complete and outputs of earlier runs are intact; run again once fixed") from None
     if result is None:
         return None, {}
     report_skips(result.skipped)

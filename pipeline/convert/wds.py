@@ -58,7 +58,7 @@ def convert_split(options: WdsOptions, run: RunOptions, source: Source, split: s
     done = progress.done()
     todo = [number for number in range(plan.shards) if number not in done]
     if done and todo and not run.finish:
-        log.info("%s: %d of %d %s shards were finished by an earlier run; writing the other %d",
+        log.info("%s: %d of %d %s shards were finished already; writing the other %d",
                  out, len(done), plan.shards, split, len(todo))
     if run.part:
         part, parts = run.part
@@ -77,7 +77,9 @@ def convert_split(options: WdsOptions, run: RunOptions, source: Source, split: s
     lost = [number for number in range(plan.shards) if number not in done]
     if lost:
         raise ConversionFault(f"{out}: {split} shards {lost[:10]} were written but are not there now; run again")
-    return merged(source, plan, done, partial(progress.place, out / split))
+    result = merged(source, plan, done)
+    result.place = partial(progress.place, out / split) if result.count else progress.discard
+    return result
 
 
 def write_here(source: Source, plan: ShardPlan, numbers: list[int], options: WdsOptions, run: RunOptions,
@@ -110,7 +112,7 @@ def shard_groups(source: Source, plan: ShardPlan, numbers: list[int]) -> list[li
     return [numbers[at:at + size] for at in range(0, len(numbers), size)]
 
 
-def merged(source: Source, plan: ShardPlan, done: dict[int, ShardDone], place) -> SplitResult:
+def merged(source: Source, plan: ShardPlan, done: dict[int, ShardDone]) -> SplitResult:
     """The split's result from its finished shards' records."""
     shards = [done[number].record for number in sorted(done) if done[number].record is not None]
     skipped = sorted((skip for finished in done.values() for skip in finished.skipped), key=lambda skip: skip.entry)
@@ -118,14 +120,13 @@ def merged(source: Source, plan: ShardPlan, done: dict[int, ShardDone], place) -
     count = sum(shard["count"] for shard in shards)
     if not count:
         log.warning("warning: %s: no decodable images; not written", plan.split)
-        return SplitResult(0, skipped, place=place)
+        return SplitResult(0, skipped)
     files = [f"{plan.split}/{shard[kind]}" for shard in shards for kind in ("tar", "index", "checksums")]
     return SplitResult(count, skipped, files, {
         "shards": shards, "members": MEMBERS, "shard_samples": plan.per_shard,
         "restart_markers": sum(finished.restart_markers for finished in done.values()),
         "sample_checksum": SAMPLE_CHECKSUM,
-        "bytes": sum(shard[size] for shard in shards for size in ("bytes", "index_bytes", "checksums_bytes"))},
-        place=place)
+        "bytes": sum(shard[size] for shard in shards for size in ("bytes", "index_bytes", "checksums_bytes"))})
 
 
 def build_parser() -> argparse.ArgumentParser:
