@@ -221,3 +221,22 @@ def test_a_second_converter_in_the_same_out_is_refused(source, tmp_path, capsys)
     assert result.stderr.strip().splitlines()[-1] == (f"error: {out}: another conversion is writing there; wait for "
                                                       "it to end, or give another OUT")
     assert not (out / "manifest.json").exists()
+
+
+def test_a_shard_whose_every_sample_is_skipped_is_left_out_and_the_rest_verify(tmp_path, capsys):
+    src, rng = tmp_path / "src", np.random.default_rng(0)
+    for split, count in (("train", 2), ("val", 8)):
+        for i in range(count):
+            path = src / split / "c0" / f"{i}.JPEG"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            damaged = split == "val" and i in (4, 5)
+            path.write_bytes(b"not a jpeg" if damaged else jpeg(Image.fromarray(rng.integers(0, 255, (40, 50, 3),
+                                                                                              dtype=np.uint8))))
+    out = tmp_path / "out"
+    run_tool_here(capsys, "convert_wds.py", src, out, "--shard-samples", "2", "--num-workers", "2", check=True)
+    record = json.loads((out / "manifest.json").read_text())["splits"]["val"]
+    assert [shard["tar"] for shard in record["shards"]] == ["shard-000000.tar", "shard-000001.tar", "shard-000003.tar"]
+    assert record["count"] == 6 and [skip["entry"] for skip in record["skipped"]] == [4, 5]
+    assert all(skip["path"].endswith(f"val/c0/{n}.JPEG") for skip, n in zip(record["skipped"], (4, 5)))
+    assert run_tool_here(capsys, "verify_dataset.py", out).returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train", "val"]

@@ -36,6 +36,10 @@ class RunOptions:
             raise ConversionError("--part, --finish and --executor ray are three ways to run; choose one")
         if self.finish is not None and self.finish < 1:
             raise ConversionError(f"--finish {self.finish}: give the number of parts, N >= 1")
+        spread = self.part is not None or self.finish is not None or self.executor != "local"
+        if spread and self.out.startswith(("s3://", "gs://")) and self.staging is None:
+            raise ConversionError(f"{self.out}: converting on many machines into a bucket needs --staging, a folder "
+                                  "every machine sees, where the shards are written before the upload")
         if self.num_workers < 1:
             raise ConversionError(f"--num-workers must be >= 1, got {self.num_workers}")
         if self.upload_workers < 1:

@@ -70,51 +70,56 @@ def write_shards(source: Source, plan: ShardPlan, numbers: Iterable[int], places
                  options: WdsOptions, num_workers: int, staging: Path,
                  finished: Callable[[int, ShardDone], None], progress: Progress | None = None) -> None:
     """Write the shards `numbers` of `plan` from `source`, whose samples sit at write positions
-    `places` (None: a sample's index is its place), each into `staging` then to `finished`;
-    samples counted on `progress` where given (else a bar of their own)."""
-    wanted = np.zeros(plan.shards + 1, bool)
-    wanted[list(numbers)] = True
-    if not wanted.any():
+    `places` (None: a sample's index is its place), each into `staging` then to `finished` (a
+    shard whose every sample was skipped too, with no record); samples counted on `progress`
+    where given (else a bar of their own)."""
+    numbers = sorted(set(numbers))
+    if not numbers:
         return
+    wanted = np.zeros(plan.shards, bool)
+    wanted[numbers] = True
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        skips: dict[int, Skipped] = {}
-        samples = _in_write_order(source, plan, wanted, places, options, num_workers, staging / ".reorder", skips,
-                                  progress)
-        writer, number, markers = None, -1, 0
+        skips: dict[int, list[Skipped]] = {}      # by shard
+        labels = source.entries(plan.split).labels
+        unfinished = iter(numbers)
+        writer, markers = None, 0
 
-        def close_until(next_number: int) -> None:
+        def finish(shard: int) -> None:
+            """Hand on every wanted shard up to `shard` (those before it had no usable sample)."""
             nonlocal writer, markers
-            for shard in range(number, next_number):
-                if shard < 0 or not wanted[shard]:
-                    continue
-                record = None
-                if writer is not None and shard == number:
+            for number in unfinished:
+                written = writer is not None and writer.first_shard == number
+                if written:
                     writer.close()
-                    record = writer.shards[0] if writer.shards else None
-                start, end = shard * plan.per_shard, (shard + 1) * plan.per_shard
-                finished(shard, ShardDone(record, sorted((skips[p] for p in skips if start <= p < end),
-                                                         key=lambda skip: skip.entry), markers))
-                writer, markers = None, 0
+                done = ShardDone(writer.shards[0] if written else None,
+                                 sorted(skips.pop(number, []), key=lambda skip: skip.entry), markers if written else 0)
+                finished(number, done)
+                if number == shard:
+                    break
+            writer, markers = None, 0
 
-        for place, index, encoded in samples:
+        for place, index, encoded in _in_write_order(source, plan, wanted, places, options, num_workers,
+                                                     staging / ".reorder", skips, progress):
             shard = place // plan.per_shard
-            if shard != number:
-                close_until(shard)
-                number, writer = shard, ShardWriter(staging, 1 << 62, first_shard=shard)
+            if writer is None or writer.first_shard != shard:
+                if writer is not None:
+                    finish(writer.first_shard)
+                writer = ShardWriter(staging, 1 << 62, first_shard=shard)
             markers += encoded.restart_markers
-            writer.add(plan.key(place), sample_members(encoded.jpeg, int(source.entries(plan.split).labels[index])))
-        close_until(plan.shards)
+            writer.add(plan.key(place), sample_members(encoded.jpeg, int(labels[index])))
+        finish(numbers[-1])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
 def _in_write_order(source: Source, plan: ShardPlan, wanted: np.ndarray, places: np.ndarray | None,
-                    options: WdsOptions, num_workers: int, scratch: Path, skips: dict[int, Skipped],
+                    options: WdsOptions, num_workers: int, scratch: Path, skips: dict[int, list[Skipped]],
                     progress: Progress | None) -> Iterator[tuple[int, int, Encoded]]:
-    """(place, index, encoded) of each usable sample of the wanted shards, in place order; what
-    cannot be used goes to `skips` by place. Read and encoded in the source's order."""
+    """(place, index, encoded) of each usable sample of the `wanted` shards, in place order; what
+    cannot be used goes to `skips`, by shard, before any sample of a later shard comes. Read and
+    encoded in the source's order."""
     def place_of(indices: np.ndarray) -> np.ndarray:
         return indices if places is None else np.asarray(places[indices])
 
@@ -129,7 +134,8 @@ def _in_write_order(source: Source, plan: ShardPlan, wanted: np.ndarray, places:
             if isinstance(result, Missing):
                 result = Encoded(None, result.reason)
             if result.jpeg is None:
-                skips[place] = Skipped("", result.reason, source.entry_number(plan.split, index))   # named when merged
+                skip = Skipped("", result.reason, source.entry_number(plan.split, index))   # named when merged
+                skips.setdefault(place // plan.per_shard, []).append(skip)
             else:
                 yield place, index, result
     if not plan.shuffled:
