@@ -19,22 +19,15 @@ import pytest
 from PIL import Image
 
 from conftest import TOOLS, run_tool, run_tool_here
-from test_converters import jpeg
+from test_converters import jpeg, noisy_folder
 
 SHARD = ("--shard-samples", "10")
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
-    """A folder of 200 train and 40 val noisy JPEGs (slow enough to encode to be killed mid-way)."""
-    root = tmp_path_factory.mktemp("resume") / "src"
-    rng = np.random.default_rng(3)
-    for split, count in (("train", 200), ("val", 40)):
-        for i in range(count):
-            path = root / split / f"c{i % 4}" / f"{i}.JPEG"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(jpeg(Image.fromarray(rng.integers(0, 255, (240, 320, 3), dtype=np.uint8))))
-    return root
+    """200 train and 40 val noisy JPEGs: slow enough to encode to be killed mid-way."""
+    return noisy_folder(tmp_path_factory.mktemp("resume") / "src", {"train": 200, "val": 40}, 4, (240, 320), seed=3)
 
 
 @pytest.fixture(scope="module")

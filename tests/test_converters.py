@@ -246,16 +246,20 @@ def kill_when_writing(script: str, src: Path, out: Path, temporary_glob: str) ->
     process.wait()
 
 
+def noisy_folder(root: Path, counts: dict[str, int], classes: int, shape: tuple[int, int], seed: int) -> Path:
+    """An ImageNet-layout folder of random-noise JPEGs (slow to encode, big for their size)."""
+    rng = np.random.default_rng(seed)
+    for split, n in counts.items():
+        for i in range(n):
+            path = root / split / f"c{i % classes}" / f"{i}.JPEG"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(jpeg(Image.fromarray(rng.integers(0, 255, (*shape, 3), dtype=np.uint8))))
+    return root
+
+
 @pytest.fixture(scope="module")
 def many_images(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("many") / "src"
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 300), ("val", 10)):
-        for i in range(n):
-            path = root / split / f"c{i % 3}" / f"{i}.JPEG"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(jpeg(Image.fromarray(rng.integers(0, 255, (300, 400, 3), dtype=np.uint8))))
-    return root
+    return noisy_folder(tmp_path_factory.mktemp("many") / "src", {"train": 300, "val": 10}, 3, (300, 400), seed=0)
 
 
 LEFT_BY_A_KILL = (".converting", ".scan-")        # the next run in OUT clears them (test_convert_resume.py)
