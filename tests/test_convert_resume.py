@@ -200,9 +200,12 @@ def test_parts_then_finish_end_as_the_local_pool_and_refuse_what_does_not_fit(so
     assert other.returncode == 2 and "were run with another plan (it differs in: params" in other.stderr
     assert not (out / "manifest.json").exists()
 
-    run_tool_here(capsys, "convert_wds.py", source, out, *SHARD, "--num-workers", "2", "--part", "0/2", check=True)
-    run_tool_here(capsys, "convert_wds.py", source, out, *SHARD, "--finish", "2", check=True)
-    assert digest(out) == uninterrupted
+    # as a Slurm array starts them: at once, into a new OUT
+    together = tmp_path / "together"
+    parts = [start(source, together, "--part", f"{part}/2") for part in range(2)]
+    assert [part.wait(timeout=120) for part in parts] == [0, 0]
+    run_tool_here(capsys, "convert_wds.py", source, together, *SHARD, "--finish", "2", check=True)
+    assert digest(together) == uninterrupted
 
 
 def test_a_second_converter_in_the_same_out_is_refused(source, tmp_path, capsys):

@@ -77,13 +77,15 @@ class InProgress:
         if earlier != self.identity:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.records.mkdir(parents=True, exist_ok=True)
-            try:        # the first part to start writes the plan; the others compare with it
-                with open(self.plan_file, "x") as file:
-                    json.dump(self.identity, file, indent=1, sort_keys=True)
-                    file.flush()
-                    os.fsync(file.fileno())
+            # The first part to start writes the plan, whole (a link fails where one exists); the others compare
+            written = self.plan_file.with_name(f".{self.plan_file.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+            write_bytes_atomic(written, json.dumps(self.identity, indent=1, sort_keys=True).encode())
+            try:
+                os.link(written, self.plan_file)
             except FileExistsError:
                 return self.begin(refuse_other, alone)
+            finally:
+                written.unlink()
         self.folder.mkdir(parents=True, exist_ok=True)
         self.records.mkdir(parents=True, exist_ok=True)
 
@@ -99,7 +101,7 @@ class InProgress:
             return json.loads(self.plan_file.read_text())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):      # cut short by a kill before it was synced: nothing depends on it yet
+        except (OSError, ValueError):      # damaged: nothing can be taken up
             return {}
 
     def done(self) -> dict[int, ShardDone]:
@@ -146,6 +148,8 @@ class InProgress:
         shutil.rmtree(self.folder, ignore_errors=True)
         shutil.rmtree(self.records, ignore_errors=True)
         self.plan_file.unlink(missing_ok=True)
+        for written in self.plan_file.parent.glob(f".{self.plan_file.name}.tmp-*"):     # a plan being written when killed
+            written.unlink(missing_ok=True)
         try:
             (self.out / WORK).rmdir()
         except OSError:
