@@ -35,6 +35,7 @@ from pipeline.convert.errors import ConversionError, ConversionFault
 from pipeline.convert.in_progress import InProgress
 from pipeline.convert.options import RunOptions, WdsOptions
 from pipeline.convert.plan import ShardPlan
+from pipeline.convert.ray_executor import disconnect, write_shards_on_ray
 from pipeline.convert.shard_tasks import ShardDone, write_shards
 from pipeline.convert.sources import Source
 from pipeline.convert.splits import SplitResult, run_conversion
@@ -69,7 +70,7 @@ def convert_split(options: WdsOptions, run: RunOptions, source: Source, split: s
                               f"{'s' * (len(missing) > 1)} {', '.join(f'{p}/{run.finish}' for p in missing)}; "
                               "run them, then --finish")
     if todo:
-        executor = write_on_ray if run.executor == "ray" else write_here
+        executor = write_shards_on_ray if run.executor == "ray" else write_here
         executor(source, plan, todo, options, run, progress)
     if run.part:
         return None
@@ -92,12 +93,6 @@ def write_here(source: Source, plan: ShardPlan, numbers: list[int], options: Wds
         write_shards(source, plan, group, places, options, run.num_workers, staging,
                      partial(progress.finished, staging=staging), bar)
     bar.close()
-
-
-def write_on_ray(source: Source, plan: ShardPlan, numbers: list[int], options: WdsOptions, run: RunOptions,
-                 progress: InProgress) -> None:
-    from pipeline.convert.ray_executor import write_shards_on_ray
-    write_shards_on_ray(source, plan, numbers, options, run, progress)
 
 
 def shard_groups(source: Source, plan: ShardPlan, numbers: list[int]) -> list[list[int]]:
@@ -161,9 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_conversion(run, options, "webdataset", ("webdataset",), convert_split)
     finally:
-        if run.executor == "ray":
-            from pipeline.convert.ray_executor import disconnect
-            disconnect()
+        disconnect()
 
 
 def command(argv: list[str] | None = None) -> None:
