@@ -17,7 +17,7 @@ import time
 import zlib
 from pathlib import Path
 
-from benchmarks.hardware import append_results, signature
+from benchmarks.hardware import add_results_options, append_results, results_folder, signature
 from pipeline.formats.converted import read_local_converted
 from pipeline.shards.index import StoredShards
 
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     parser.add_argument("dataset", help="a webdataset conversion (tools/convert_wds.py's output)")
     parser.add_argument("--split", default="train")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--save", action="store_true", help="append the rows to this machine's results file")
+    add_results_options(parser)
     args = parser.parse_args(argv)
     stored = StoredShards(read_local_converted(Path(args.dataset), args.split, "webdataset").shards)
     samples = [stored.read(number) for number in range(len(stored))]
@@ -70,8 +70,7 @@ def main(argv=None) -> int:
           f"best of {args.repeats}; {hardware['cpu_model']} ({hardware['cpu_isa']}, {hardware['cpu_cores']} cores)")
     for row in rows:
         print(f"  {row['function']:<24} {row['mb_per_s']:>7,} MB/s {row['ns_per_sample']:>8,} ns a sample")
-    if args.save:
-        print(f"saved to {append_results(rows, hardware)}")
+    append_results(rows, hardware, results_folder(args))
     return 0
 
 

@@ -11,8 +11,8 @@ wall-clock images/s (start-up and imports included), per worker, the share of th
 rate, and the output's size. The
 peers: FFCV's DatasetWriter with its RGBImageField in jpg mode, fed Pillow-decoded arrays (what
 ffcv-imagenet's writer does), and webdataset's ShardWriter storing each file's bytes as they are
-(no decode, no re-encode, no index), in one process. Appends one JSON line per figure to this
-machine's file in benchmarks/results/ (benchmarks/hardware.py).
+(no decode, no re-encode, no index), in one process. With --save, appends one JSON line per figure to
+this machine's file in benchmarks/results/ (benchmarks/hardware.py).
 Run it on a quiet machine: anything else on the cores changes the figures.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from benchmarks.hardware import append_results, cpu_words, signature
+from benchmarks.hardware import add_results_options, append_results, cpu_words, results_folder, signature
 from benchmarks.source_forms import FORMS, write_forms
 from pipeline.formats.manifest import MANIFEST, read_manifest
 
@@ -101,6 +101,7 @@ def main() -> int:
     parser.add_argument("--peers", default=",".join(PEERS),
                         help="comma-separated: ffcv-writer, wds-shardwriter, or none")
     parser.add_argument("--repeats", type=int, default=3)
+    add_results_options(parser)
     args = parser.parse_args()
     hardware = signature()
     forms = [form for form in args.forms.split(",") if form]
@@ -138,7 +139,7 @@ def main() -> int:
                              "source": str(args.src), "images": images, "seconds_median": seconds,
                              "seconds_all": seconds_all, "img_per_s": rate, "img_per_s_per_worker": rate / workers,
                              "share_of_folder_form": None if share != share else share, "output_bytes": size})
-    append_results(rows, hardware)
+    append_results(rows, hardware, results_folder(args))
     return 0
 
 

@@ -7,8 +7,8 @@ a Slurm array runs them); and a run killed half-way then run again.
 
 Each runs as a user runs it (subprocesses, into a new folder), the repeats going round the ways.
 Every way must end with the same files as the local pool (checked each time; a difference stops the
-benchmark). Prints the median wall-clock seconds (start-up included) and images/s, and appends one
-JSON line per way to this machine's file in benchmarks/results/ (benchmarks/hardware.py). Run it on
+benchmark). Prints the median wall-clock seconds (start-up included) and images/s, and with --save
+appends one JSON line per way to this machine's file in benchmarks/results/ (benchmarks/hardware.py). Run it on
 a quiet machine.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from benchmarks.hardware import append_results, cpu_words, signature
+from benchmarks.hardware import add_results_options, append_results, cpu_words, results_folder, signature
 from pipeline.formats.manifest import MANIFEST
 
 CONVERT = [sys.executable, str(ROOT / "tools" / "convert_wds.py")]
@@ -118,6 +118,7 @@ def main() -> int:
     parser.add_argument("--shard-size-mb", type=float, default=4)
     parser.add_argument("--ways", default=",".join(WAYS), help="comma-separated: " + ", ".join(WAYS))
     parser.add_argument("--repeats", type=int, default=3)
+    add_results_options(parser)
     args = parser.parse_args()
     hardware = signature()
     common = ["--shard-size-mb", str(args.shard_size_mb)]
@@ -145,7 +146,7 @@ def main() -> int:
                      "shard_size_mb": args.shard_size_mb, "source": str(args.src), "images": images,
                      "seconds_median": median, "seconds_all": seconds[way], "img_per_s": images / median,
                      "speed_vs_local": share})
-    append_results(rows, hardware)
+    append_results(rows, hardware, results_folder(args))
     return 0
 
 

@@ -9,8 +9,8 @@ image is the converter's own, not a decoder's), then tools/convert_wds.py conver
 --num-workers W while the memory of its processes (PSS, so pages the forked workers share are
 counted once; and its anonymous part, what they allocated, apart from file pages such as the mapped
 columns of a scan, which the kernel drops as it needs) is sampled every 0.2 s; then the webdataset
-backend reads one train epoch of the output. Prints a row per count and appends them to this machine's results file, and writes
-benchmarks/results/conversion-scale/<machine>.json. WORK is emptied after each count.
+backend reads one train epoch of the output. Prints a row per count; with --save, appends them to this machine's
+results file and writes benchmarks/results/conversion-scale/<machine>.json. WORK is emptied after each count.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-from benchmarks.hardware import RESULTS, append_results, cpu_words, signature
+from benchmarks.hardware import add_results_options, append_results, cpu_words, results_folder, signature
 from benchmarks.memory import PeakMemory
 from pipeline.machine import slug
 from benchmarks.source_forms import write_official
@@ -98,6 +98,7 @@ def main() -> int:
     parser.add_argument("--images", default=f"12800,{IMAGENET_TRAIN}", help="train image counts, comma-separated")
     parser.add_argument("--work", type=Path, required=True, help="an empty folder on a disk with room (about 10 GB)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    add_results_options(parser)
     args = parser.parse_args()
     hardware = signature()
     print(f"# {cpu_words(hardware)}, {hardware['cpu_cores']} cores, {hardware['ram_gb']} GiB; "
@@ -125,11 +126,12 @@ def main() -> int:
               f"{mib['main_pss_anon']:.0f}); output {output / 2**30:.2f} GiB; one epoch "
               f"{epoch['epoch_img_per_s']:,.0f} img/s", flush=True)
         shutil.rmtree(args.work)
-    append_results(rows, hardware)
-    report = RESULTS / "conversion-scale" / f"{slug(hardware)}.json"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(json.dumps({"hardware": hardware, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {report}")
+    folder = results_folder(args)
+    if append_results(rows, hardware, folder):
+        report = folder / "conversion-scale" / f"{slug(hardware)}.json"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps({"hardware": hardware, "rows": rows}, indent=2) + "\n")
+        print(f"# wrote {report}")
     return 0
 
 

@@ -3,7 +3,7 @@ they arrive, with nothing decoded, from the loopback nginx with its answers dela
 `--latency-ms` (a far store's round trip), once with the requests in flight fixed at 16 and
 once as the loader allows them (16, raised to 64 while the reader waits). A GPU rank needs
 its images a second times their size: ImageNet's 110 KB images at 3,000 a second are over
-300 MiB/s. Prints MiB/s and the most requests in flight, and appends a row for each to
+300 MiB/s. Prints MiB/s and the most requests in flight, and with --save appends a row for each to
 benchmarks/results/.
 
     python benchmarks/fetch_ceiling.py [--latency-ms 25,100] [--mib 800]
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-from benchmarks.hardware import append_results, cpu_words, signature
+from benchmarks.hardware import add_results_options, append_results, cpu_words, results_folder, signature
 from benchmarks.loopback_servers import Nginx
 from pipeline.storage.object_store import open_store
 from pipeline.remote.block_plan import BLOCK_BYTES
@@ -53,6 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--latency-ms", default="25,100", help="added round trips, comma-separated")
     parser.add_argument("--mib", type=int, default=800, help="MiB read at each setting")
+    add_results_options(parser)
     args = parser.parse_args()
     hardware, rows = signature(), []
     with tempfile.TemporaryDirectory() as folder:
@@ -73,7 +74,7 @@ def main() -> None:
                           f"(most in flight {peak})", flush=True)
             finally:
                 server.stop()
-    print(f"appended to {append_results(rows, hardware)}")
+    append_results(rows, hardware, results_folder(args))
 
 
 if __name__ == "__main__":

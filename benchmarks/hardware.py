@@ -49,9 +49,29 @@ def results_path(hardware: dict, directory: Path = RESULTS) -> Path:
     return machine.results_path(hardware, directory)
 
 
-def append_results(rows: list[dict], hardware: dict, directory: Path = RESULTS) -> Path:
-    """Appends rows (each with its `benchmark` name) to this machine's results file, each
-    completed with hardware, versions, commit and date; returns the file."""
+def add_results_options(parser) -> None:
+    """--save and --results-dir: a benchmark writes its rows only where it is told to; told neither,
+    they stay in its printed output."""
+    parser.add_argument("--save", action="store_true",
+                        help=f"append the rows to this machine's file in {RESULTS.relative_to(ROOT)}/")
+    parser.add_argument("--results-dir", type=Path, default=None,
+                        help="append the rows to this machine's file in this folder instead")
+
+
+def results_folder(args) -> Path | None:
+    """Where the rows go (add_results_options): --results-dir, else RESULTS with --save, else None."""
+    return args.results_dir if args.results_dir is not None else RESULTS if args.save else None
+
+
+def append_results(rows: list[dict], hardware: dict, directory: Path | None, quiet: bool = False) -> Path | None:
+    """Appends rows (each with its `benchmark` name) to this machine's results file in `directory`,
+    each completed with hardware, versions, commit and date, and says where (unless `quiet`);
+    returns the file. With no directory, writes nothing and says how to keep them."""
+    if directory is None:
+        if not quiet:
+            print(f"# {len(rows)} row{'s' * (len(rows) != 1)} not saved: --save appends them to "
+                  f"{results_path(hardware).relative_to(ROOT)}, --results-dir DIR to a file in DIR")
+        return None
     context = {"hardware": hardware, "versions": library_versions(), "commit": git_commit(),
                "date": time.strftime("%Y-%m-%d"), "unix_time": round(time.time(), 3)}
     path = results_path(hardware, directory)
@@ -59,6 +79,8 @@ def append_results(rows: list[dict], hardware: dict, directory: Path = RESULTS) 
     with open(path, "a", encoding="utf-8") as results:
         for row in rows:
             results.write(json.dumps({**row, **context}) + "\n")
+    if not quiet:
+        print(f"# {len(rows)} row{'s' * (len(rows) != 1)} appended to {path}")
     return path
 
 

@@ -27,8 +27,8 @@ Each figure runs in a fresh process (no backend pays for another's threads or me
 warm-up epoch (worker start-up, FFCV's compilation), then `--epochs` timed epochs; the
 figure is the median epoch's img/s. Also recorded: the whole machine's CPU utilisation
 during the timed epochs (/proc/stat: run it on a quiet machine) and the peak summed PSS of
-the process and its workers. One JSON line per figure goes to this machine's file in
-benchmarks/results/ (benchmarks/hardware.py).
+the process and its workers. With --save (or --results-dir DIR), one JSON line per figure goes to
+this machine's file in benchmarks/results/ (or DIR; benchmarks/hardware.py).
 
 `--device cuda`: every loader delivers its batches on the GPU (DALI decodes there with
 `mixed`; the CPU backends copy from pinned memory), and an epoch's clock stops only once the
@@ -65,7 +65,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 import numpy as np
 
-from benchmarks.hardware import RESULTS, append_results, cpu_words, cpus_by_core, pin_to_cpus, signature
+from benchmarks.hardware import (add_results_options, append_results, cpu_words, cpus_by_core, pin_to_cpus, results_folder,
+                                 signature)
 from benchmarks.memory import PeakMemory
 from benchmarks.remote_sources import RemoteSource, cpu_seconds
 from pipeline.datasets import REMOTE_BACKENDS
@@ -263,8 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--remote-cache", choices=("streamed", "kept"), default="streamed",
                         help="with --remote: a cache limit of half the split, so that every epoch streams through "
                         "memory, or of twice the split, so that the first epoch fills the cache on disk")
-    # A checkout keeps its results in benchmarks/results; an installed package has no such folder to write in
-    parser.add_argument("--results-dir", type=Path, default=RESULTS if RESULTS.is_dir() else Path("results"))
+    add_results_options(parser)
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration
     return parser
 
@@ -363,9 +363,12 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                     elif not remote:
                         local_figures[(name, split, resolution, workers)] = figures["img_per_s"]
                     form = "wds" if name in BOUNDS else CONFIGURATIONS[name][1]
+                    # A bound measures neither a loader's CPU share nor its memory: a dash, not a 0
+                    cpu, memory = (None, None) if name in BOUNDS else (figures.get("cpu_util"), figures.get("peak_rss_mb"))
                     print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} {figures['img_per_s']:>7.0f} "
-                          f"{share if share is not None else float('nan'):>7.2f} {figures.get('cpu_util') or 0:>5.0%} "
-                          f"{figures.get('peak_rss_mb') or 0:>6.0f}", flush=True)
+                          f"{share if share is not None else float('nan'):>7.2f} "
+                          f"{'-' if cpu is None else format(cpu, '.0%'):>5} "
+                          f"{'-' if memory is None else format(memory, '.0f'):>6}", flush=True)
                     if remote:
                         print(" " * 18 + f"{figures.get('share_of_local', float('nan')):.2f}x local; per epoch "
                               f"{figures['fetched_bytes_per_epoch'] / 2**20:.1f} MiB in {figures['requests_per_epoch']:.0f} "
@@ -383,9 +386,10 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                         "workers": workers if name != "decode_bound" else cores, "cores": cores,
                         "batch_size": args.batch_size, "dataset": forms[form][1] if form else "synthetic",
                         "device": "cuda" if name == "gpu_decode_bound" else args.device, **options,
-                        "share_of_decode_bound": share, **figures}], hardware, args.results_dir)
+                        "share_of_decode_bound": share, **figures}], hardware, results_folder(args), quiet=True)
                     written += 1
-    print(f"# {written} rows appended to {path.relative_to(ROOT) if path and path.is_relative_to(ROOT) else path}")
+    print(f"# {written} rows appended to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}" if path else
+          f"# {written} rows not saved: --save or --results-dir DIR keeps them")
     return 0
 
 

@@ -9,8 +9,8 @@ zero_grad, forward under autocast, loss, backward, step, schedule step. Ours add
 per-step event calls, the counters, the metrics lines and the loss bookkeeping. Also
 printed: the cost of one `Engine.fire` with no algorithms, timed alone. Our loop runs twice
 a round, with the step-phase clock (training/step_phases.py, 14 laps a step) off and on, to
-show what leaving it on costs; one lap is timed alone too. One JSON line per run goes to this
-machine's file in benchmarks/results/.
+show what leaving it on costs; one lap is timed alone too. With --save, one JSON line per run goes
+to this machine's file in benchmarks/results/.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 from algorithms.base import Event
-from benchmarks.hardware import append_results, signature
+from benchmarks.hardware import add_results_options, append_results, results_folder, signature
 from training.config import load_config
 from training.distributed import World
 from training.engine import Engine
@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--resolution", type=int, default=28)
     parser.add_argument("--precision", default="fp32")
+    add_results_options(parser)
     args = parser.parse_args()
 
     run_dir = tempfile.mkdtemp(prefix="loop-overhead-")
@@ -104,7 +105,7 @@ def main() -> None:
           f"(ratio to ours {record['phases_ratio']:.3f}); rounds: "
           + ", ".join(f"{name} {[round(r) for r in values]}" for name, values in rates.items())
           + f"; one empty Engine.fire: {fire_ns:.0f} ns, one phase lap: {lap_ns:.0f} ns")
-    append_results([record], signature())
+    append_results([record], signature(), results_folder(args))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ model x resolution x precision x channels-last x torch.compile.
     python benchmarks/models.py [--models resnet18,resnet50,small_resnet] [--resolutions 128,160,224]
         [--precisions fp32,bf16,fp16] [--channels-last on,off] [--compile off,on] [--steps train,eval]
         [--batch-size N] [--device cuda|cpu] [--warmup 3] [--iters 10] [--timeout 1800]
-        [--instance-type NAME] [--results-dir benchmarks/results]
+        [--instance-type NAME] [--save | --results-dir DIR]
 
 The images come from the `synthetic` loader (one normalized batch made once on the device), so
 the figure is what the model alone allows: the ceiling a real loader is compared against. A
@@ -24,7 +24,7 @@ prints one line and the run goes on. fp16 needs CUDA and is skipped elsewhere wi
 Defaults: batch 256 on CUDA, 32 on CPU; 3 warm-up and 10 timed steps, so that a small model
 on a CPU takes seconds; on a GPU ask for more (e.g. --warmup 20 --iters 50, compile needs the
 longer warm-up). The default grid is 144 figures: narrow it on a CPU. One JSON line per figure
-goes to this machine's file in --results-dir (benchmarks/hardware.py), with `threads`, torch's
+goes, with --save or --results-dir, to this machine's file there (benchmarks/hardware.py), with `threads`, torch's
 intra-op thread count (OMP_NUM_THREADS sets it). Run it on a quiet machine: on busy cores
 torch's threads wait for each other and small models' figures drop many times over.
 """
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from benchmarks.hardware import RESULTS, append_results, cpu_words, signature
+from benchmarks.hardware import add_results_options, append_results, cpu_words, results_folder, signature
 from training.models import MODELS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iters", type=int, default=10, help="timed steps; the figure is their median rate")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one configuration may take")
     parser.add_argument("--instance-type", help="names this machine in the results (e.g. p4d.24xlarge)")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    add_results_options(parser)
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration, print JSON
     return parser
 
@@ -229,9 +229,10 @@ def main() -> int:
             continue
         print(f"{label} {figures['img_per_s']:>9.1f} {1000 * batch / figures['img_per_s']:>8.1f}", flush=True)
         # Written at once, so that an interrupted long run keeps what it measured.
-        path = append_results([{"benchmark": "models", **config, **figures}], hardware, args.results_dir)
+        path = append_results([{"benchmark": "models", **config, **figures}], hardware, results_folder(args), quiet=True)
         written += 1
-    print((f"# {written} figures appended to {path}" if written else "# no figures written") +
+    saved = f"appended to {path}" if path else "not saved (--save or --results-dir DIR keeps them)"
+    print((f"# {written} figures {saved}" if written else "# no figures measured") +
           (f" ({failed} of {len(grid)} configurations failed)" if failed else ""))
     return 0 if written else 1
 

@@ -4,7 +4,7 @@ pipeline/storage/object_store.py reads through, against fsspec's HTTP filesystem
 Each client reads the same scattered 16 KiB ranges of a 64 MiB file, all handed over at once
 (obstore's get_ranges, fsspec's cat_ranges: both keep several requests in flight), and again
 one range per call (a request's latency). Prints range reads/s and MiB/s for each, the HTTP
-requests nginx logged, and appends one row per client and mode to benchmarks/results/.
+requests nginx logged, and with --save appends one row per client and mode to benchmarks/results/.
 
     python benchmarks/object_store_clients.py [--ranges 2000]
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-from benchmarks.hardware import append_results, cpu_words, signature
+from benchmarks.hardware import add_results_options, append_results, cpu_words, results_folder, signature
 from benchmarks.loopback_servers import Nginx
 from pipeline.storage.object_store import open_store
 
@@ -52,6 +52,7 @@ def measure(read, ranges, local: bytes, batched: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranges", type=int, default=2000, help="range reads per client and mode")
+    add_results_options(parser)
     args = parser.parse_args()
     clients = {"obstore": obstore_reader, "fsspec-http": fsspec_reader}
     rng = np.random.default_rng(0)
@@ -90,7 +91,7 @@ def main() -> None:
                           f"({requests} HTTP requests for {count} ranges)")
         finally:
             server.stop()
-        print(f"appended to {append_results(rows, hardware)}")
+        append_results(rows, hardware, results_folder(args))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@ def test_loaders_benchmark_rows(sample_sets, tmp_path):
     assert bound_row["images_per_epoch"] == 92 and set(bound_row["by_decoder"]) == {
         f"{decoder}, {form}" for decoder in ("simplejpeg", "jpeg_roi") for form in ("stored", "no markers")}
     assert bound_row["decoder"] in bound_row["by_decoder"] and bound_row["img_per_s"] == max(bound_row["by_decoder"].values())
+    printed = {fields[0]: fields for fields in map(str.split, result.stdout.splitlines()) if fields[:1] and
+               fields[0] in backends}
+    assert printed["decode_bound"][-2:] == ["-", "-"], result.stdout         # measures no loader's CPU or memory
+    assert printed["webdataset"][-2].endswith("%") and float(printed["webdataset"][-1]) > 50
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA answer")

@@ -365,6 +365,18 @@ def test_bad_paths_and_damaged_files_are_one_line_errors(converted_sets, tmp_pat
     one_line_error(DatasetError, "manifest.json: missing", build("ffcv", tmp_path / "empty"))
     one_line_error(DatasetError, "holds a webdataset conversion, not ffcv", build("ffcv", photos["webdataset"]))
     one_line_error(DatasetError, "is a converted dataset, not an ImageNet-layout folder", build("folder", photos["ffcv"]))
+    flat, loose = tmp_path / "flat", tmp_path / "loose"
+    for folder in (flat, loose / "val", loose / "pics" / "more"):
+        folder.mkdir(parents=True)
+    for number in range(3):
+        shutil.copy(next((photos["folder"] / "val").glob("*/*.JPEG")), flat / f"{number}.jpg")
+    shutil.copy(flat / "0.jpg", loose / "val" / "0.jpg")
+    shutil.copy(flat / "0.jpg", loose / "pics" / "more" / "0.jpg")
+    one_line_error(DatasetError, "found 3 image files and 0 folders; tools/convert_wds.py", build("folder", flat))
+    one_line_error(DatasetError, "found 0 image files and 2 folders: pics/ (1 image), val/ (1 image)",
+                   build("folder", loose, split="train"))
+    one_line_error(DatasetError, "no class folders under val (val/: found 1 image file and 0 folders)",
+                   build("folder", loose))
 
     not_beton = tmp_path / "not_beton"
     shutil.copytree(photos["ffcv"], not_beton)

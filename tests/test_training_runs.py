@@ -31,6 +31,24 @@ def test_config_errors_are_one_line_and_exit_2(overrides, message, tmp_path, cap
     assert not (tmp_path / "run").exists()
 
 
+def test_a_failed_torchrun_ends_with_the_one_line_error(tmp_path):
+    """torchrun's failure summary, the last thing it prints, names the error in its root cause."""
+    result = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node=2", str(MAIN), "--config", str(RECIPE),
+                             f"run_dir={tmp_path / 'run'}", "data.bakend=webdataset"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode != 0
+    last = "\n".join(result.stderr.strip().splitlines()[-5:])
+    assert "error: unknown config key 'data.bakend'; did you mean 'data.backend'?" in last, result.stderr[-2000:]
+    assert "<N/A>" not in last
+
+
+def test_a_misspelled_recipe_name_suggests_the_right_one_and_lists_the_shipped_ones(tmp_path, capsys):
+    code, stderr = main_in_process(capsys, "--config", "fashion_basline", f"run_dir={tmp_path / 'run'}")
+    assert code == 2 and stderr.strip().count("\n") == 0, stderr
+    assert "no recipe 'fashion_basline'" in stderr and "did you mean 'fashion_baseline'?" in stderr
+    assert "shipped recipes: " in stderr and "resnet50_mild" in stderr
+
+
 def test_missing_recipe_file_exits_2(tmp_path, capsys):
     code, stderr = main_in_process(capsys, "--config", tmp_path / "nope.yaml")
     assert code == 2 and "nope.yaml" in stderr and "Traceback" not in stderr
@@ -110,6 +128,21 @@ def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(sample_sets, straight_
     assert_ends_alike(straight, killed, 42)
     steps = [line["step"] for line in read_jsonl(killed / "metrics.jsonl") if "train_loss" in line]
     assert steps == sorted(set(steps)), "metrics lines repeated after the resume"
+
+
+def test_the_header_states_the_steps_a_stretched_run_takes_and_a_resume_its_fractional_epoch(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    overrides = ["data.backend=synthetic", "data.num_classes=4", "data.synthetic_size=64", "data.batch_size=16",
+                 "data.resolution=16", "data.val_resolution=16", "model.width=4", "model.blocks_per_stage=1",
+                 "log.progress=false", f"run_dir={run_dir}", "checkpoint.interval=1ba",
+                 "algorithms.scale_schedule={ratio: 2}"]
+    first = main_here(capsys, "--config", RECIPE, *overrides, "max_duration=3ba")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert ": 6 steps (1.5 epochs of 4; max_duration 3ba stretched to 6ba by algorithms.scale_schedule)" in first.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 6
+    longer = main_here(capsys, "--config", RECIPE, *overrides, "max_duration=4ba")
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert "ep1-ba6.pt: step 6 of 8, epoch 1.5 of 2" in longer.stdout, longer.stdout
 
 
 def test_resume_skips_a_truncated_checkpoint_and_a_finished_run_stays_finished(tmp_path, capsys):

@@ -138,12 +138,12 @@ def backend_from_results(side: int, current: str) -> str | None:
     """The best train-loader figure measured on this kind of machine at the nearest resolution, if not ours."""
     path = results_path(signature())
     if not path.exists():
-        return f"another backend: run benchmarks/loaders.py to compare backends here (no {path.name} yet)"
+        return f"another backend: run benchmarks/loaders.py --save to compare backends here (no {path.name} yet)"
     rows = [row for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
             for row in [json.loads(line)] if row.get("benchmark") == "loaders" and row.get("split") == "train"
             and row.get("backend") != "synthetic" and {"resolution", "img_per_s"} <= row.keys()]
     if not rows:
-        return f"another backend: {path.name} has no loader figures; run benchmarks/loaders.py"
+        return f"another backend: {path.name} has no loader figures; run benchmarks/loaders.py --save"
     nearest = min({row["resolution"] for row in rows}, key=lambda res: abs(res - side))
     best = max((row for row in rows if row["resolution"] == nearest), key=lambda row: row["img_per_s"])
     if best["backend"].split("-")[0] == current:   # "dali-wds" is backend dali
@@ -164,7 +164,7 @@ def suggestions(figures: dict, config, spec, cores: int, ranks: int, on_cuda: bo
                         "(not yet measured on a GPU here; tools/compare_settings.py settles it in alternating rounds)")
         tips.append(f"a loader that decodes on the CPU (data.backend=webdataset or ffcv) leaves the GPU to the step, "
                     f"if this machine's cores decode more than the model's {figures['model_img_per_s']:,.0f} img/s "
-                    f"(benchmarks/loaders.py --backends decode_bound,webdataset,ffcv --device cuda)")
+                    f"(benchmarks/loaders.py --backends decode_bound,webdataset,ffcv --device cuda --save)")
     # FFCV sets torch's thread count to its own workers, so only other backends can be told apart
     if figures["cpu_contention"] and spec.backend != "ffcv" and figures["torch_threads"] + spec.num_workers > per_rank:
         tips.append(f"OMP_NUM_THREADS={max(1, per_rank - spec.num_workers)} (the model runs {figures['torch_threads']} "
@@ -185,7 +185,7 @@ def suggestions(figures: dict, config, spec, cores: int, ranks: int, on_cuda: bo
             tips.append(tip)
         if on_cuda and spec.backend != "dali":
             tips.append(f"data.backend=dali: nvJPEG 'mixed' decode on the GPU takes JPEG decode off the {cores} "
-                        f"CPU cores (reads the webdataset or folder copy; measure it with benchmarks/loaders.py)")
+                        f"CPU cores (reads the webdataset or folder copy; measure it: benchmarks/loaders.py --save)")
         if spec.randaugment:
             depth, severity = spec.randaugment
             tips.append(f"fewer augmentations: RandAugment runs {depth} operation(s) per sample (severity "

@@ -326,13 +326,19 @@ def main(argv=None) -> int:
     if projection["left_out"]:
         print(f"left out ({len(projection['left_out'])} instance x backend x source):")
         print("\n".join(f"  {line}" for line in left_out_lines(projection)))
+    for path in (args.json, args.markdown, args.plot):
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
     if args.json:
         write_bytes_atomic(args.json, (json.dumps(projection, indent=2) + "\n").encode())
+        print(f"wrote {args.json}")
     if args.markdown:
         write_bytes_atomic(args.markdown, markdown(projection).encode())
+        print(f"wrote {args.markdown}")
     if args.plot and projection["rows"]:
         plot(projection["rows"], args.plot, f"{Path(projection['recipe']).stem} on "
              f"{projection['dataset']['name']}: hours and on-demand dollars per instance and loader")
+        print(f"wrote {args.plot}")
     return 0 if projection["rows"] else 1
 
 

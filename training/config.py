@@ -7,6 +7,8 @@ one-line `ConfigError` naming the key.
 """
 from __future__ import annotations
 
+import difflib
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -181,7 +183,12 @@ def recipe_file(recipe: str) -> Path:
     if path.is_file() or path.parent != Path("."):
         return path
     shipped = RECIPES / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
-    return shipped if shipped.is_file() else path
+    if shipped.is_file():
+        return shipped
+    names = sorted(found.stem for found in RECIPES.glob("*.yaml"))
+    close = difflib.get_close_matches(shipped.stem, names, n=1)
+    raise ConfigError(f"no recipe {recipe!r}: not a file here nor a shipped recipe"
+                      f"{f'; did you mean {close[0]!r}?' if close else ';'} shipped recipes: {', '.join(names)}")
 
 
 def load_config(recipe: Optional[str], overrides: list[str]) -> Config:

@@ -8,10 +8,12 @@ SIGTERM or SIGUSR1 stopped the run after a checkpoint (`resume=auto` continues i
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import sys
+import time
 
 import torch.distributed as dist
 
@@ -51,15 +53,15 @@ def main(argv=None) -> int:
         if trainer is not None:
             exit_now(f"error: rank {rank}: {error}; the checkpoints are intact: run again with resume=auto "
                      f"once it answers")
-        return finish(f"error: {error}" if rank == 0 else "", USAGE_ERROR)
+        return finish(f"error: {error}", USAGE_ERROR, printed=rank == 0)
     # A damaged sample under on_corrupt=raise, met mid-run by the rank that reads it alone.
     except CorruptSample as error:
         if trainer is not None:
             exit_now(f"error: rank {rank}: {error}; the checkpoints are intact")
-        return finish(f"error: {error}" if rank == 0 else "", USAGE_ERROR)
+        return finish(f"error: {error}", USAGE_ERROR, printed=rank == 0)
     # Every rank meets these at the same point, so the process group can be closed together.
     except (ConfigError, DatasetError) as error:
-        return finish(f"error: {error}" if rank == 0 else "", USAGE_ERROR)
+        return finish(f"error: {error}", USAGE_ERROR, printed=rank == 0)
     except RunFault as error:
         return finish(f"error: {error}" if str(error) else "", FAULT)
     except Preempted as stop:
@@ -85,11 +87,28 @@ def lost_a_peer(error: RuntimeError) -> bool:
     return isinstance(error, dist.DistBackendError) or "gloo/transport" in str(error)
 
 
-def finish(message: str, code: int) -> int:
+def finish(message: str, code: int, printed: bool = True) -> int:
+    """Close the process group; the one-line `message` on stderr (where `printed`: rank 0 alone
+    speaks for an error every rank met) and in torchrun's error file; `code`."""
     close_world()
     if message:
-        print(message, file=sys.stderr)
+        tell_torchrun(message)
+        if printed:
+            print(message, file=sys.stderr)
     return code
+
+
+def tell_torchrun(message: str) -> None:
+    """Write the one-line error where torchrun reads a failed rank's error (TORCHELASTIC_ERROR_FILE,
+    set for each rank it starts), so that its failure summary, the last lines a user sees, ends
+    with this line instead of `error_file: <N/A>`."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        try:
+            with open(path, "w") as file:
+                json.dump({"message": message, "timestamp": int(time.time())}, file)
+        except OSError:
+            pass
 
 
 def exit_now(message: str) -> None:
@@ -102,6 +121,7 @@ def exit_now(message: str) -> None:
         sys.stderr.flush()
     finally:
         os.write(2, f"{message}\n".encode())
+        tell_torchrun(message)
         os._exit(FAULT)
 
 

@@ -89,7 +89,8 @@ class RunRecords:
         if "step_phases" in earlier:
             self.phases.load_state_dict(earlier["step_phases"])
         saved_world = checkpoint["world_size"]
-        self.log.print(f"resumed from {path}: epoch {state.epoch + 1}, step {state.step}"
+        self.log.print(f"resumed from {path}: step {state.step} of {state.total_steps}, epoch "
+                       f"{state.step / state.steps_per_epoch:.4g} of {state.total_steps / state.steps_per_epoch:.4g}"
                        + (f", on {_processes(self.world.size)} where it had {saved_world}: {self.config.data.batch_size} "
                           f"samples each of the global batch of {self.config.data.global_batch_size}"
                           if saved_world != self.world.size else "")

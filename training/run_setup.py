@@ -126,6 +126,7 @@ class RunSetup:
         except ValueError as error:
             raise ConfigError(f"config key 'algorithms': {error}") from None
         self.config = dataclasses.replace(config, max_duration=plan.max_duration)
+        self.asked_duration = config.max_duration      # before an algorithm stretched it, for the header
         return specs, steps_per_epoch
 
     def _build_model(self, num_classes: int) -> torch.nn.Module:

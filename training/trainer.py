@@ -38,6 +38,14 @@ class Trainer(RunSetup, RunRecords):
         finally:
             self.stops.uninstall()
 
+    def _stretch(self) -> str:
+        """Where the run's length differs from max_duration's: by how much, and what stretched it."""
+        asked, settled = self.asked_duration, self.config.max_duration
+        if asked == settled:
+            return ""
+        by = " by algorithms.scale_schedule" if "scale_schedule" in self.config.algorithms else ""
+        return f"; max_duration {asked} stretched to {settled}{by}"
+
     def _fit(self) -> dict:
         state, config = self.state, self.config
         self._resume()                              # may refuse before anything is written
@@ -47,10 +55,11 @@ class Trainer(RunSetup, RunRecords):
         if self._precision_choice:
             self.log.print(describe(self._precision_choice))
         source = config.data.backend + (f":{redact(config.data.path)}" if config.data.backend != "synthetic" else "")
-        self.log.print(f"training {config.model.name} on {source}: "
-                       f"{state.epochs} epochs of {state.steps_per_epoch} steps, {self.world.size} process(es) "
-                       f"on {self.world.device}, global batch {config.data.batch_size * self.world.size}, "
-                       f"peak lr {state.optimizer.param_groups[0]['initial_lr']:.4g}")
+        self.log.print(f"training {config.model.name} on {source}: {state.total_steps} steps "
+                       f"({state.total_steps / state.steps_per_epoch:.4g} epochs of {state.steps_per_epoch}"
+                       f"{self._stretch()}), {self.world.size} process(es) on {self.world.device}, global batch "
+                       f"{config.data.batch_size * self.world.size}, peak lr "
+                       f"{state.optimizer.param_groups[0]['initial_lr']:.4g}")
         if self.step_stream.stream is not None:
             self.log.print(f"train step on a CUDA stream of priority {self.step_stream.stream.priority} (the highest "
                            f"this GPU has; the default stream's is 0)")

@@ -49,13 +49,42 @@ def find_classes(root: str | os.PathLike, splits: list[str]) -> list[str]:
     for split in splits:
         split_dir = root / split
         if not split_dir.is_dir():
-            present = sorted(p.name for p in root.iterdir() if p.is_dir())
             raise LayoutError(f"{split_dir}: no such directory (ImageNet layout ROOT/<split>/<class>/<image>; "
-                              f"found folders: {present or 'none'})")
+                              f"{what_is_in(root)}{CONVERTERS_READ_MORE})")
         classes.update(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
     if not classes:
-        raise LayoutError(f"{root}: no class folders under {', '.join(splits)}")
+        found = "; ".join(f"{split}/: {what_is_in(root / split)}" for split in splits)
+        raise LayoutError(f"{root}: no class folders under {', '.join(splits)} ({found}){CONVERTERS_READ_MORE}")
     return sorted(classes)
+
+
+CONVERTERS_READ_MORE = ("; tools/convert_wds.py and convert_ffcv.py read other forms: official tars, Kaggle's "
+                        "layout, parquet, WebDataset tars, lists")
+LOOKED_AT = 20_000      # entries a description reads at most
+
+
+def what_is_in(folder: Path) -> str:
+    """What a folder holds, for an error: its image files, and its folders with the images in each
+    (a few levels down, at most LOOKED_AT entries read)."""
+    images, folders, seen = 0, {}, 0
+    for entry in os.scandir(folder):
+        if entry.is_dir():
+            count = 0
+            for _, _, files in os.walk(entry.path):
+                seen += len(files)
+                count += sum(Path(name).suffix.lower() in IMAGE_EXTENSIONS for name in files)
+                if seen > LOOKED_AT:
+                    break
+            folders[entry.name] = count
+        elif Path(entry.name).suffix.lower() in IMAGE_EXTENSIONS:
+            images += 1
+        seen += 1
+        if seen > LOOKED_AT:
+            break
+    shown = ", ".join(f"{name}/ ({count:,} image{'s' * (count != 1)})" for name, count in sorted(folders.items())[:8])
+    more = f" and {len(folders) - 8:,} more" if len(folders) > 8 else ""
+    return (f"found {images:,} image file{'s' * (images != 1)} and {len(folders):,} folder{'s' * (len(folders) != 1)}"
+            f"{': ' + shown + more if folders else ''}{' (more not counted)' if seen > LOOKED_AT else ''}")
 
 
 def walk_split(root: str | os.PathLike, split: str, classes: list[str]) -> Iterator[Sample | Skipped]:
