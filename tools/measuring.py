@@ -117,7 +117,8 @@ def run_one_rank(tool: str, args, measure_run, report_of, hint: str = "", e2e_ro
     write_figures(args, figures)
     if e2e_rows_of and args.results_dir:
         rows = [{"benchmark": "e2e", "cores": len(os.sched_getaffinity(0)), **row} for row in e2e_rows_of(figures)]
-        print(f"end-to-end figures added to {append_results(rows, signature(), args.results_dir)}", flush=True)
+        path = append_results(rows, signature(), args.results_dir, quiet=True)
+        print(f"end-to-end figures added to {path}", flush=True)
     return 0
 
 
@@ -142,6 +143,7 @@ def write_figures(args, figures: dict) -> None:
     if args.json:
         figures = {**figures, "recipe": args.config, "overrides": shareable_overrides(args.overrides)}
         write_bytes_atomic(args.json, (json.dumps(figures, indent=2) + "\n").encode())
+        print(f"wrote {args.json}")
 
 
 def data_from(path) -> str:

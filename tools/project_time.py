@@ -129,6 +129,7 @@ def main(argv=None) -> int:
     print(report(projection), flush=True)
     if args.json:
         write_bytes_atomic(args.json, (json.dumps(projection, indent=2) + "\n").encode())
+        print(f"wrote {args.json}")
     return 0
 
 
