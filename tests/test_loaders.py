@@ -372,7 +372,7 @@ def test_bad_paths_and_damaged_files_are_one_line_errors(converted_sets, tmp_pat
         shutil.copy(next((photos["folder"] / "val").glob("*/*.JPEG")), flat / f"{number}.jpg")
     shutil.copy(flat / "0.jpg", loose / "val" / "0.jpg")
     shutil.copy(flat / "0.jpg", loose / "pics" / "more" / "0.jpg")
-    one_line_error(DatasetError, "found 3 image files and 0 folders; tools/convert_wds.py", build("folder", flat))
+    one_line_error(DatasetError, "found 3 image files and 0 folders; python tools/convert_wds.py", build("folder", flat))
     one_line_error(DatasetError, "found 0 image files and 2 folders: pics/ (1 image), val/ (1 image)",
                    build("folder", loose, split="train"))
     one_line_error(DatasetError, "no class folders under val (val/: found 1 image file and 0 folders)",

@@ -58,8 +58,8 @@ def find_classes(root: str | os.PathLike, splits: list[str]) -> list[str]:
     return sorted(classes)
 
 
-CONVERTERS_READ_MORE = ("; tools/convert_wds.py and convert_ffcv.py read other forms: official tars, Kaggle's "
-                        "layout, parquet, WebDataset tars, lists")
+CONVERTERS_READ_MORE = ("; python tools/convert_wds.py (or convert_ffcv.py) SRC OUT reads other forms: official "
+                        "tars, Kaggle's layout, parquet, WebDataset tars, lists")
 LOOKED_AT = 20_000      # entries a description reads at most
 
 
