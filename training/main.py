@@ -16,6 +16,7 @@ import sys
 import time
 
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipeline.loader.base import LoaderWorkerDied
 from pipeline.errors import CorruptSample, DatasetError, RemoteDataError
@@ -138,7 +139,7 @@ def exit_after_success() -> None:
 
 
 if __name__ == "__main__":
-    code = main()
+    code = record(main)()       # an unexpected exception's traceback goes to torchrun's error file, and its summary
     if code == 0:
         exit_after_success()
     sys.exit(code)
