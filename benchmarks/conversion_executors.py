@@ -76,10 +76,9 @@ def killed_then_resumed(src: Path, out: Path, common: list[str], workers: int) -
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while process.poll() is None:
         records = list(out.glob(".converting/*.done/*.json"))
-        plans = list(out.glob(".converting/*.plan.json"))
-        shards = sum(json.loads(p.read_text())["plan"]["count"] // json.loads(p.read_text())["plan"]["per_shard"]
-                     for p in plans) if plans else 0
-        if plans and len(records) * 2 >= max(1, shards):
+        plans = [json.loads(path.read_text())["plan"] for path in out.glob(".converting/*.plan.json")]
+        shards = sum(-(-plan["count"] // plan["per_shard"]) for plan in plans)
+        if plans and len(records) * 2 >= shards:
             process.send_signal(signal.SIGKILL)
             break
         time.sleep(0.01)

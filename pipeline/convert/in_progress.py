@@ -74,9 +74,9 @@ class InProgress:
             log.info("%s: discarding an interrupted conversion of %s made with other options or source",
                      self.out / WORK, self.split)
             self.discard()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.records.mkdir(parents=True, exist_ok=True)
         if earlier != self.identity:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self.records.mkdir(parents=True, exist_ok=True)
             # The first part to start writes the plan, whole (a link fails where one exists); the others compare
             written = self.plan_file.with_name(f".{self.plan_file.name}.tmp-{socket.gethostname()}-{os.getpid()}")
             write_bytes_atomic(written, json.dumps(self.identity, indent=1, sort_keys=True).encode())
@@ -86,8 +86,6 @@ class InProgress:
                 return self.begin(refuse_other, alone)
             finally:
                 written.unlink()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.records.mkdir(parents=True, exist_ok=True)
 
     def _remove_dead_staging(self, alone: bool) -> None:
         host = socket.gethostname()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -74,8 +74,7 @@ def write_shards_on_ray(source: Source, plan: ShardPlan, numbers: list[int], opt
     ray = _connect(run)
     remote = ray.remote(TASK).options(max_retries=RETRIES, retry_exceptions=True, num_cpus=1)
     order, places = plan.order_and_places(source.scratch / f"{plan.split}-order")
-    base = SourceOptions(form=source.form, split_paths=source.options.split_paths,
-                         label_key=source.options.label_key, strict=source.options.strict)
+    base = replace(source.options, form=source.form)        # a task opens SRC as this form, not detecting it
     ahead = TASKS_AHEAD * max(1, int(ray.cluster_resources().get("CPU", 1)))
     bar = Progress(len(numbers), f"{plan.split}: shards on Ray", unit="shard")
     pending: dict = {}

@@ -130,7 +130,7 @@ def _in_write_order(source: Source, plan: ShardPlan, wanted: np.ndarray, places:
 
     def usable() -> Iterator[tuple[int, int, Encoded]]:
         for index, result in results:
-            place = int(place_of(np.array([index]))[0])
+            place = index if places is None else int(places[index])
             if isinstance(result, Missing):
                 result = Encoded(None, result.reason)
             if result.jpeg is None:
