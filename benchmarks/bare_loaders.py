@@ -9,6 +9,10 @@ bounds: the references `benchmarks/loaders.py` measures our backends against.
   core, one library call per image: simplejpeg (libjpeg-turbo 3.1, bundled) and this
   project's `jpeg_roi` at full size (the system libjpeg-turbo that Pillow-SIMD and FFCV
   link). The faster of the two is the bound.
+- `decode_floor`: what no decode of the loader's crops can go below: the decode engine entering
+  each JPEG at its crop's MCUs (the restart markers) and Huffman-decoding them into
+  coefficients, nothing more (no IDCT, colour conversion, resize or write), in as many threads
+  as the loader has. Per split and resolution (the DCT scale moves the margin a little).
 - `gpu_decode_bound`: DALI's nvJPEG (`decoders.image`, device "mixed") on the same bytes, no
   augmentation (CUDA only).
 Each takes the benchmark's config dict and returns an iterable of batches or a rate.
@@ -131,6 +135,29 @@ def decode_bound(path: str, split: str, rounds: int = 3) -> dict:
             rates[f"{decoder}, {form}"] = len(stored) * rounds / seconds
     best = max(rates, key=rates.get)
     return {"img_per_s": rates[best], "decoder": best, "by_decoder": rates, "images_per_epoch": len(stored)}
+
+
+def decode_floor(path: str, split: str, side: int, threads: int, batch_size: int, rounds: int = 3) -> dict:
+    """img/s of the decode engine's `entropy_only` pass over every sample of a webdataset split,
+    from the page cache: the median of `rounds` epochs after a warm-up one."""
+    from pipeline import LoaderSpec
+    from pipeline.decode import engine as decode_engine
+    from pipeline.shards.index import StoredShards
+    shards = StoredShards(read_converted(path, split, "webdataset").shards)
+    spec = LoaderSpec("webdataset", path=path, split=split)
+    ids = np.arange(len(shards))
+    out = np.empty((batch_size, *decode_engine.out_shape(spec, side), 3), np.uint8)    # written to by no sample
+    seconds = []
+    try:
+        for epoch in range(rounds + 1):
+            started = time.perf_counter()
+            for first in range(0, len(ids), batch_size):
+                with shards.located(ids[first:first + batch_size]) as samples:
+                    decode_engine.decode_batch(samples, spec, epoch, side, out, threads, entropy_only=True)
+            seconds.append(time.perf_counter() - started)
+    finally:
+        shards.close()
+    return {"img_per_s": len(ids) / float(np.median(seconds[1:])), "images_per_epoch": len(ids)}
 
 
 def gpu_decode_bound(path: str, split: str, batch_size: int, rounds: int = 3) -> dict:

@@ -23,6 +23,12 @@ with as many workers (threads for DALI and the engine); every row records its `c
 tools/instance_cost.py reads as the loader's rate on an instance's vCPUs per GPU. Without it,
 a figure runs on all of this machine's CPUs, and records their count.
 
+`decode_floor` (per resolution and worker count) is what no decode of the same crops can go below:
+their MCUs Huffman-decoded, nothing more (benchmarks/bare_loaders.py); the webdataset rows
+state their share of it, and the engine's CPU microseconds per image in each of its stages
+(`pipeline.decode.engine.STAGES`: the read, the entry at the crop, the decode, the resize across
+and down, the write).
+
 Each figure runs in a fresh process (no backend pays for another's threads or memory): one
 warm-up epoch (worker start-up, FFCV's compilation), then `--epochs` timed epochs; the
 figure is the median epoch's img/s. Also recorded: the whole machine's CPU utilisation
@@ -83,7 +89,8 @@ CONFIGURATIONS = {
 # name -> LoaderSpec options it sets beyond the benchmark's own
 SPEC_OPTIONS = {"webdataset-pillow": {"native_decode": False},   # the webdataset backend's Pillow path
                 "webdataset-unverified": {"verify": False}, "dali-wds-unverified": {"verify": False}}   # what checks cost
-BOUNDS = ("decode_bound", "gpu_decode_bound")
+BOUNDS = ("decode_bound", "gpu_decode_bound")     # once per split
+FLOORS = ("decode_floor",)                        # per split, resolution and worker count
 # form -> (converter, its options, how `dataset` describes it)
 CONVERSIONS = {
     "wds": ("convert_wds.py", ["--max-resolution", "512"], "wds, max side 512 (photos kept at their size)"),
@@ -123,6 +130,10 @@ def measure(config: dict) -> dict:
         pin_to_cpus(config["cores"])            # before torch, DALI or a worker starts a thread
     import torch
     torch.set_num_threads(config["workers"])
+    if config["kind"] in FLOORS:
+        from benchmarks import bare_loaders
+        return bare_loaders.decode_floor(config["path"], config["split"], config["resolution"], config["workers"],
+                                         config["batch_size"], config["epochs"])
     if config["kind"] in BOUNDS:
         from benchmarks import bare_loaders
         if config["kind"] == "decode_bound":
@@ -219,13 +230,18 @@ def convert(form: str, source: Path, cache: Path) -> Path:
     return out
 
 
+def form_of(name: str) -> str | None:
+    """The data form a backend, bound or floor reads."""
+    return "wds" if name in (*BOUNDS, *FLOORS) else CONFIGURATIONS[name][1]
+
+
 def known_backends(text: str) -> list[str]:
     """An argparse type: comma-separated names of bounds and configurations."""
     names = text.split(",")
-    unknown = [name for name in names if name not in CONFIGURATIONS and name not in BOUNDS]
+    unknown = [name for name in names if name not in CONFIGURATIONS and name not in (*BOUNDS, *FLOORS)]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown backend {unknown[0]!r}; choose from "
-                                         f"{', '.join([*BOUNDS, *CONFIGURATIONS])}")
+                                         f"{', '.join([*BOUNDS, *FLOORS, *CONFIGURATIONS])}")
     return names
 
 
@@ -234,9 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", type=Path, default=Path("data/sample/photos"),
                         help="ImageNet-layout folder (make demo writes data/sample/photos)")
     parser.add_argument("--cache", type=Path, default=Path("data/bench"), help="where conversions are kept")
-    parser.add_argument("--backends", type=known_backends, default="decode_bound,gpu_decode_bound,folder,webdataset,webdataset-plain,webdataset-pillow,ffcv,ffcv-proportion,"
+    parser.add_argument("--backends", type=known_backends, default="decode_bound,gpu_decode_bound,decode_floor,folder,webdataset,webdataset-plain,webdataset-pillow,ffcv,ffcv-proportion,"
                         "ffcv-bare,dali-folder,dali-wds,dali-bare",
-                        help="comma-separated: " + ", ".join([*BOUNDS, *CONFIGURATIONS]))
+                        help="comma-separated: " + ", ".join([*BOUNDS, *FLOORS, *CONFIGURATIONS]))
     parser.add_argument("--splits", default="train,val")
     parser.add_argument("--resolutions", default="160", help="train resolutions, comma-separated")
     parser.add_argument("--val-resolutions", default="224")
@@ -287,7 +303,7 @@ def main() -> int:
         print("# no CUDA: gpu_decode_bound left out")
     forms = {"raw": (args.source, f"{args.source.name} (raw folder)")}
     for name in backends:
-        form = "wds" if name in BOUNDS else CONFIGURATIONS[name][1]
+        form = form_of(name)
         if form and form not in forms:
             forms[form] = (convert(form, args.source, args.cache), f"{args.source.name} ({CONVERSIONS[form][2]})")
 
@@ -319,7 +335,7 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                                                       if args.remote_cache == "streamed" else
                                                       "a cache of twice the split, filled in the first epoch"))
     local_figures = {}
-    written, bound, path = 0, {}, None
+    written, bound, floor, path = 0, {}, {}, None
     for split in args.splits.split(","):
         resolutions = args.resolutions if split == "train" else args.val_resolutions
         for resolution in map(int, resolutions.split(",")):
@@ -330,7 +346,7 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                     if name in BOUNDS and (split, name, cores) in bound:
                         figures = bound[(split, name, cores)]    # resolution-independent: once per split and cores
                     else:
-                        kind, form = (name, "wds") if name in BOUNDS else CONFIGURATIONS[name]
+                        kind, form = (name, "wds") if name in (*BOUNDS, *FLOORS) else CONFIGURATIONS[name]
                         config = {"kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
                                   "options": options, "resolution": resolution, "workers": workers,
                                   "batch_size": args.batch_size, "epochs": args.epochs, "device": args.device,
@@ -362,9 +378,13 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                         figures["remote"] = source.describe()
                     elif not remote:
                         local_figures[(name, split, resolution, workers)] = figures["img_per_s"]
-                    form = "wds" if name in BOUNDS else CONFIGURATIONS[name][1]
+                    if name in FLOORS:
+                        floor[(split, resolution, workers, cores)] = figures["img_per_s"]
+                    elif name == "webdataset" and (split, resolution, workers, cores) in floor:
+                        figures["share_of_decode_floor"] = figures["img_per_s"] / floor[(split, resolution, workers, cores)]
+                    form = form_of(name)
                     # A bound measures neither a loader's CPU share nor its memory: a dash, not a 0
-                    cpu, memory = (None, None) if name in BOUNDS else (figures.get("cpu_util"), figures.get("peak_rss_mb"))
+                    cpu, memory = (None, None) if name in (*BOUNDS, *FLOORS) else (figures.get("cpu_util"), figures.get("peak_rss_mb"))
                     print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} {figures['img_per_s']:>7.0f} "
                           f"{share if share is not None else float('nan'):>7.2f} "
                           f"{'-' if cpu is None else format(cpu, '.0%'):>5} "
@@ -379,7 +399,9 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                               f"server here {figures['server_cpu_s_per_epoch']:.2f}")
                     if "engine_us_per_image" in figures:
                         print(" " * 18 + "engine, CPU us per image: " + ", ".join(
-                            f"{stage} {us:.0f}" for stage, us in figures["engine_us_per_image"].items()))
+                            f"{stage} {us:.0f}" for stage, us in figures["engine_us_per_image"].items()) +
+                            (f"; {figures['share_of_decode_floor']:.2f}x the decode floor's img/s"
+                             if "share_of_decode_floor" in figures else ""))
                     # Written at once, so that an interrupted long run keeps what it measured.
                     path = append_results([{
                         "benchmark": "loaders", "backend": name + ("@remote" if remote else ""), "split": split, "resolution": resolution,

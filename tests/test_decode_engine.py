@@ -102,15 +102,46 @@ def test_same_batch_at_any_thread_count(stored):
         assert decoded.stage_seconds.min() > 0
 
 
-def test_plain_c_and_simd_paths_agree(stored, tmp_path):
-    """A CPU without AVX2 or SSE4.1 runs the plain loops: the same integers, so the same bytes."""
+def cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo", encoding="utf-8") as info:
+        return set(next(line for line in info if line.startswith("flags")).split(":", 1)[1].split())
+
+
+@pytest.mark.parametrize("march", ["x86-64", "x86-64-v2", "x86-64-v3"])
+def test_plain_c_and_simd_paths_agree(stored, tmp_path, march):
+    """Each instruction set's loops (none; SSE4.1; AVX2 without AVX-512) compute the integers
+    this CPU's build does, so the same bytes, flipped, ColOut'ed and at sides whose rows end
+    mid-register; the float32 batch is the same pixels normalized (the build for this CPU may
+    fuse the multiply and add, which moves the last bit)."""
+    if march == "x86-64-v3" and "avx2" not in cpu_flags():
+        pytest.skip("this CPU has no AVX2")
     samples, _ = stored
-    plain = decode_engine.load(flags=("-march=x86-64",), library=tmp_path / "_decode_engine_plain.so")
-    for split, side in (("train", 112), ("val", 81)):
-        spec = LoaderSpec("webdataset", path="unused", split=split)
-        simd, _ = decode(samples, spec, side)
-        scalar, _ = decode(samples, spec, side, library=plain)
-        assert np.array_equal(simd, scalar), split
+    other = decode_engine.load(flags=(f"-march={march}",), library=tmp_path / f"_decode_engine_{march}.so")
+    for split, side, colout in (("train", 112, None), ("train", 81, (0.2, 0.1)), ("val", 81, None), ("val", 224, None)):
+        spec = LoaderSpec("webdataset", path="unused", split=split, colout=colout)
+        native, _ = decode(samples, spec, side)
+        built, _ = decode(samples, spec, side, library=other)
+        assert np.array_equal(native, built), (split, side)
+    spec = LoaderSpec("webdataset", path="unused", split="train")
+    floats = [np.zeros((len(samples.sample_ids), 81, 81, 3), np.float32) for _ in range(2)]
+    for out, library in zip(floats, (None, other)):
+        decode_engine.decode_batch(samples, spec, 0, 81, out, threads=2, library=library)
+    assert np.allclose(*floats, rtol=0, atol=1e-5) and floats[0].std() > 0.5
+
+
+def test_entropy_only_decodes_the_crops_mcus_and_writes_nothing(stored):
+    """The floor's pass: every sample read, checked and Huffman-decoded (so a damaged one still
+    fails), its label given, and not a byte of the batch written."""
+    samples, jpegs = stored
+    spec = LoaderSpec("webdataset", path="unused", split="train")
+    out = np.full((len(samples.sample_ids), 64, 64, 3), 77, np.uint8)
+    decoded = decode_engine.decode_batch(samples, spec, 0, 64, out, threads=2, entropy_only=True)
+    assert not decoded.failed and not decoded.damaged and (out == 77).all()
+    _, full = decode(samples, spec, 64)
+    assert np.array_equal(decoded.labels, full.labels)
+    read, entry, entropy, *rest = decoded.stage_seconds
+    assert read > 0 and entry > 0 and entropy > 0 and not any(rest)
+    assert entropy < full.stage_seconds[decode_engine.STAGES.index("decode")]
 
 
 def test_colout_and_flip_land_where_the_python_forms_put_them(stored):

@@ -33,7 +33,7 @@ SOURCE = source("decode_engine.c")
 MESSAGE_SIZE = 160
 ALLOWED_SCALES = (1, 2, 4, 8)
 OVERSAMPLE = 1.0
-STAGES = ("read", "decode", "resize")
+STAGES = ("read", "entry", "decode", "resize_across", "resize_down", "write")
 
 _p = ctypes.c_void_p
 
@@ -50,7 +50,8 @@ class _BatchJob(ctypes.Structure):
                 ("seed", ctypes.c_longlong), ("epoch", ctypes.c_longlong), ("keep_rows", _p), ("keep_cols", _p),
                 ("out", _p), ("out_float", _p), ("scale", ctypes.c_float * 3), ("offset", ctypes.c_float * 3),
                 ("labels", _p), ("status", _p), ("scale_used", _p),
-                ("messages", _p), ("message_size", ctypes.c_int), ("stage_seconds", _p), ("next", ctypes.c_int)]
+                ("messages", _p), ("message_size", ctypes.c_int), ("stage_seconds", _p), ("next", ctypes.c_int),
+                ("entropy_only", ctypes.c_int)]
 
 
 def load(flags: tuple[str, ...] = ("-march=native",), library: Path | None = None) -> ctypes.CDLL:
@@ -106,11 +107,13 @@ def out_shape(spec: LoaderSpec, side: int) -> tuple[int, int]:
 
 def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int, out: np.ndarray,
                  threads: int, scales=ALLOWED_SCALES, oversample: float = OVERSAMPLE,
-                 library: ctypes.CDLL | None = None, restarts: bool = True) -> DecodedBatch:
+                 library: ctypes.CDLL | None = None, restarts: bool = True, entropy_only: bool = False) -> DecodedBatch:
     """Makes len(samples.sample_ids) images into out[:count], an (N, rows, cols, 3) C-ordered
     array: uint8 pixels, or float32 normalized with spec.mean and spec.std. With `restarts`,
     a JPEG with a restart marker after every MCU is entropy-decoded only around its crop
-    (jpeg_restarts.h: the same pixels; False decodes every MCU above and beside it too)."""
+    (jpeg_restarts.h: the same pixels; False decodes every MCU above and beside it too).
+    `entropy_only` stops each sample once the MCUs it would decode are Huffman-decoded into
+    coefficients (no pixels are written): what a decode of that crop cannot go below."""
     started = time.thread_time()
     count = len(samples.sample_ids)
     rows, cols = out_shape(spec, side)
@@ -139,7 +142,8 @@ def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int
         keep_cols = np.array([c for _, c in kept], np.int32).reshape(count, cols)
     sample_ids = arrays.pop("sample_ids")
     job = _job(spec, side, uniforms, epoch, sample_ids, count=count, out_rows=rows, out_cols=cols, threads=max(1, threads),
-               oversample_x100=round(100 * oversample), restarts=int(restarts), scale_mask=sum(1 << m for m in scales),
+               oversample_x100=round(100 * oversample), restarts=int(restarts), entropy_only=int(entropy_only),
+               scale_mask=sum(1 << m for m in scales),
                scale=(ctypes.c_float * 3)(*(1 / std)), offset=(ctypes.c_float * 3)(*(-np.asarray(spec.mean) / spec.std)),
                out_float=out.ctypes.data if normalized else None,
                keep_rows=keep_rows.ctypes.data if keep_rows is not None else None,

@@ -13,8 +13,8 @@
  *           leaves the crop at least `oversample` x the target side; a JPEG with a restart
  *           marker after every MCU (convert_wds.py's) is first cut down to the MCUs under the
  *           crop (jpeg_restarts.h), so the MCUs above and beside it are not even Huffman-decoded;
- *   resize  to side x side with Pillow's antialiased bilinear filter (separable, 22-bit fixed
- *           point weights, a uint8 intermediate: Pillow's pixels within 1 or 2);
+ *   resize  to side x side with Pillow's antialiased bilinear filter (separable: across, then down,
+ *           through a uint8 intermediate; 14-bit fixed point weights: Pillow's pixels within 1 or 2);
  *   write   flipped and ColOut'ed (kept rows and columns given by Python) as RGB into the
  *           sample's slot of the caller's preallocated (N, H, W, 3) batch: uint8 (for a GPU,
  *           which normalizes after the copy) or float32 already normalized (for a CPU model:
@@ -41,7 +41,7 @@
 #endif
 
 #define COEFFICIENT_BITS 14        /* resampling weights in 16-bit fixed point (Pillow: 22 bits in 32) */
-#define STAGES 3                   /* seconds spent per sample in: read, decode, resize+write */
+#define STAGES 6                   /* CPU seconds per sample in: read, entry, decode, resize across, resize down, write */
 #define MOST_UNIFORMS 64           /* per sample */
 
 typedef struct {
@@ -68,21 +68,25 @@ typedef struct {
     int message_size;
     double *stage_seconds;                        /* count x STAGES */
     int next;                                     /* the next sample to take (atomic) */
+    int entropy_only;                             /* 1: only Huffman-decode the crop's MCUs into coefficients (no
+                                                     IDCT, colour, resize or write): the floor a decode of that
+                                                     crop cannot go below (benchmarks/loaders.py's decode_floor) */
 } batch_job;
 
 typedef struct {                                  /* resampling weights along one axis */
     int *bounds, taps;
     short *coefficients;
-    size_t bounds_size, coefficients_size;
+    int *lanes;                                   /* AVX2: per output pair and tap pair, the 8 ints of a register */
+    size_t bounds_size, coefficients_size, lanes_size;
 } axis_weights;
 
 typedef struct {                                  /* one thread's decoder and growing buffers */
     struct jpeg_decompress_struct info;
     error_manager errors;
     char spare_message[JMSG_LENGTH_MAX];
-    unsigned char *bytes, *region, *rows, *rgb;   /* rgb: one output row before normalizing */
+    unsigned char *bytes, *region, *rows, *resized, *rgb;   /* rgb: one output row before normalizing */
     float *row_scale, *row_offset;                  /* the normalization constants along a row */
-    size_t bytes_size, region_size, rows_size;
+    size_t bytes_size, region_size, rows_size, resized_size;
     double uniforms[MOST_UNIFORMS];
     restart_index restarts;
     unsigned char *cut;                           /* the JPEG of the crop's MCUs (jpeg_restarts.h) */
@@ -158,39 +162,65 @@ static int pick_scale(const batch_job *job, int crop_height, int crop_width) {
 
 /* Pillow's bilinear resampling weights for `out_size` outputs from the input span [in0, in1)
  * of an axis of `in_size` pixels: bounds[x] the first input of output x; `taps` coefficients
- * per output (an even number, zero beyond the filter's reach), in COEFFICIENT_BITS fixed point. */
+ * per output (the most any output has, rounded up to an even number; zero past an output's
+ * own), in COEFFICIENT_BITS fixed point. */
 static void resample_weights(axis_weights *axis, error_manager *errors, double in0, double in1, int in_size,
                              int out_size) {
     double scale = (in1 - in0) / out_size;
     double filter_scale = scale < 1.0 ? 1.0 : scale;
     double support = filter_scale;                 /* the triangle filter's support is 1 */
-    int most = ((int)ceil(support) * 2 + 2) & ~1;
-    axis->bounds = grow(axis->bounds, &axis->bounds_size, sizeof(int) * out_size, errors);
-    axis->coefficients = grow(axis->coefficients, &axis->coefficients_size, sizeof(short) * most * out_size, errors);
-    axis->taps = most;
-    double weights[most];
+    int most = (int)ceil(support) * 2 + 2;         /* Pillow's window, which no output's reach exceeds */
+    axis->bounds = grow(axis->bounds, &axis->bounds_size, sizeof(int) * 2 * out_size, errors);
+    int *counts = axis->bounds + out_size, taps = 2;
     for (int x = 0; x < out_size; x++) {
         double center = in0 + (x + 0.5) * scale;
         int first = (int)(center - support + 0.5), last = (int)(center + support + 0.5);
         if (first < 0) first = 0;
         if (last > in_size) last = in_size;
-        int n = last - first;
-        double total = 0.0;
+        axis->bounds[x] = first;
+        counts[x] = last - first;
+        if (counts[x] > taps) taps = counts[x];
+    }
+    taps = (taps + 1) & ~1;                        /* two taps a multiply-add */
+    axis->coefficients = grow(axis->coefficients, &axis->coefficients_size, sizeof(short) * taps * out_size, errors);
+    axis->taps = taps;
+    double weights[most];
+    for (int x = 0; x < out_size; x++) {
+        double center = in0 + (x + 0.5) * scale, total = 0.0;
+        int first = axis->bounds[x], n = counts[x];
         for (int k = 0; k < n; k++) {
             double w = 1.0 - fabs((k + first - center + 0.5) / filter_scale);
             weights[k] = w > 0.0 ? w : 0.0;
             total += weights[k];
         }
-        short *c = axis->coefficients + (long)x * most;
-        for (int k = 0; k < most; k++)
+        short *c = axis->coefficients + (long)x * taps;
+        for (int k = 0; k < taps; k++)
             c[k] = (short)(k < n && total != 0.0 ? weights[k] / total * (1 << COEFFICIENT_BITS) + 0.5 : 0);
-        axis->bounds[x] = first;
     }
 }
 
 static inline unsigned char clip8(int value) {
     value >>= COEFFICIENT_BITS;
     return value < 0 ? 0 : value > 255 ? 255 : (unsigned char)value;
+}
+
+/* The across axis's weights laid out as resize_row's AVX2 loop reads them: for outputs x and x+1
+ * and taps k and k+1, the pair (c_k c_k+1) of output x four times, then that of x+1 four times. */
+static void lane_weights(axis_weights *axis, int side, error_manager *errors) {
+#ifdef __AVX2__
+    int taps = axis->taps;
+    axis->lanes = grow(axis->lanes, &axis->lanes_size, sizeof(int) * 8 * (size_t)(side / 2) * (taps / 2), errors);
+    int *to = axis->lanes;
+    for (int x = 0; x + 2 <= side; x += 2)
+        for (int k = 0; k < taps; k += 2)
+            for (int output = x; output < x + 2; output++) {
+                int pair;
+                memcpy(&pair, axis->coefficients + (long)output * taps + k, 4);
+                for (int copy = 0; copy < 4; copy++) *to++ = pair;
+            }
+#else
+    (void)axis; (void)side; (void)errors;
+#endif
 }
 
 /* One RGBX row resized across: out[x] from in[bounds[x] ...] (reads up to `taps` pixels from
@@ -201,27 +231,30 @@ static void resize_row(const unsigned char *in, unsigned char *out, const axis_w
 #ifdef __AVX2__
     /* Two outputs per register (one per 128-bit lane), two taps per multiply-add: the bytes
      * r0 g0 b0 x0 r1 g1 b1 x1 of two neighbouring pixels become the 16-bit pairs (r0 r1) (g0 g1)
-     * (b0 b1) (x0 x1), which _mm256_madd_epi16 weighs with (c0 c1). */
+     * (b0 b1) (x0 x1), which _mm256_madd_epi16 weighs with (c0 c1); four outputs a step. */
     const __m256i pairs = _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1,
                                            0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
-    for (; x + 2 <= side; x += 2) {
+    const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i *weights = (const __m256i *)axis->lanes;
+    for (; x + 4 <= side; x += 4) {
         const unsigned char *p0 = in + (size_t)axis->bounds[x] * 4, *p1 = in + (size_t)axis->bounds[x + 1] * 4;
-        const short *c0 = axis->coefficients + (long)x * taps, *c1 = c0 + taps;
-        __m256i sum = _mm256_set1_epi32(1 << (COEFFICIENT_BITS - 1));
+        const unsigned char *p2 = in + (size_t)axis->bounds[x + 2] * 4, *p3 = in + (size_t)axis->bounds[x + 3] * 4;
+        __m256i first = _mm256_set1_epi32(1 << (COEFFICIENT_BITS - 1)), second = first;
         for (int k = 0; k < taps; k += 2) {
             __m256i pixels = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p0 + 4 * k))),
                                                      _mm_loadl_epi64((const __m128i *)(p1 + 4 * k)), 1);
-            int w0, w1;
-            memcpy(&w0, c0 + k, 4);
-            memcpy(&w1, c1 + k, 4);
-            __m256i weights = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi32(w0)), _mm_set1_epi32(w1), 1);
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, pairs), weights));
+            first = _mm256_add_epi32(first, _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, pairs),
+                                                              _mm256_loadu_si256(weights + k / 2)));
+            pixels = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p2 + 4 * k))),
+                                             _mm_loadl_epi64((const __m128i *)(p3 + 4 * k)), 1);
+            second = _mm256_add_epi32(second, _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, pairs),
+                                                                _mm256_loadu_si256(weights + taps / 2 + k / 2)));
         }
-        sum = _mm256_srai_epi32(sum, COEFFICIENT_BITS);
-        sum = _mm256_packus_epi16(_mm256_packs_epi32(sum, sum), sum);
-        int low = _mm256_extract_epi32(sum, 0), high = _mm256_extract_epi32(sum, 4);
-        memcpy(out + 4 * x, &low, 4);
-        memcpy(out + 4 * x + 4, &high, 4);
+        weights += taps;
+        /* lanes: (x, x+2) then (x+1, x+3), each pixel's 4 bytes repeated; gathered into x .. x+3 */
+        __m256i words = _mm256_packs_epi32(_mm256_srai_epi32(first, COEFFICIENT_BITS), _mm256_srai_epi32(second, COEFFICIENT_BITS));
+        __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), in_order);
+        _mm_storeu_si128((__m128i *)(out + 4 * x), _mm256_castsi256_si128(bytes));
     }
 #endif
     for (; x < side; x++) {
@@ -235,13 +268,34 @@ static void resize_row(const unsigned char *in, unsigned char *out, const axis_w
     }
 }
 
-/* One output row from `taps` consecutive rows of `length` bytes, weighed by `c`. */
+/* One output row from `taps` consecutive rows of `length` bytes, weighed by `c`: the bytes of
+ * rows k and k+1 interleaved into 16-bit pairs, weighed with (c_k c_k+1) by one multiply-add. */
 static void resize_column(const unsigned char *rows, size_t stride, const short *c, int taps, int length,
                           unsigned char *out) {
     int x = 0;
+#ifdef __AVX2__
+    /* 32 bytes a step; the unpacks and packs stay within 128-bit lanes, so the bytes come out in order */
+    const __m256i zero = _mm256_setzero_si256();
+    for (; x + 32 <= length; x += 32) {
+        __m256i s0 = _mm256_set1_epi32(1 << (COEFFICIENT_BITS - 1)), s1 = s0, s2 = s0, s3 = s0;
+        for (int k = 0; k < taps; k += 2) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)(rows + k * stride + x));
+            __m256i b = _mm256_loadu_si256((const __m256i *)(rows + (k + 1) * stride + x));
+            int w;
+            memcpy(&w, c + k, 4);
+            __m256i weights = _mm256_set1_epi32(w);
+            __m256i low = _mm256_unpacklo_epi8(a, b), high = _mm256_unpackhi_epi8(a, b);
+            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_unpacklo_epi8(low, zero), weights));
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_unpackhi_epi8(low, zero), weights));
+            s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_unpacklo_epi8(high, zero), weights));
+            s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(_mm256_unpackhi_epi8(high, zero), weights));
+        }
+        __m256i first = _mm256_packs_epi32(_mm256_srai_epi32(s0, COEFFICIENT_BITS), _mm256_srai_epi32(s1, COEFFICIENT_BITS));
+        __m256i second = _mm256_packs_epi32(_mm256_srai_epi32(s2, COEFFICIENT_BITS), _mm256_srai_epi32(s3, COEFFICIENT_BITS));
+        _mm256_storeu_si256((__m256i *)(out + x), _mm256_packus_epi16(first, second));
+    }
+#endif
 #ifdef __SSE4_1__
-    /* Eight bytes at a time, two rows per multiply-add: the bytes of rows k and k+1 interleaved
-     * into 16-bit pairs, weighed with (c_k c_k+1). */
     for (; x + 8 <= length; x += 8) {
         __m128i low = _mm_set1_epi32(1 << (COEFFICIENT_BITS - 1)), high = low;
         for (int k = 0; k < taps; k += 2) {
@@ -265,50 +319,100 @@ static void resize_column(const unsigned char *rows, size_t stride, const short 
     }
 }
 
+/* `count` RGBX pixels as RGB, in reverse order when `flip`. */
+static void rgbx_to_rgb(const unsigned char *in, unsigned char *out, int count, int flip) {
+    int x = 0;
+#ifdef __AVX2__
+    /* 8 pixels a step: each lane's 4 pixels to 12 bytes, the lanes then joined into 24 */
+    const __m256i drop_x = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
+                                            0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    const __m256i join = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 7, 7), reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+    for (; x + 8 <= count; x += 8) {
+        __m256i pixels = _mm256_loadu_si256((const __m256i *)(in + 4 * (flip ? count - 8 - x : x)));
+        if (flip) pixels = _mm256_permutevar8x32_epi32(pixels, reverse);
+        __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(pixels, drop_x), join);
+        _mm_storeu_si128((__m128i *)(out + 3 * x), _mm256_castsi256_si128(packed));
+        _mm_storel_epi64((__m128i *)(out + 3 * x + 16), _mm256_extracti128_si256(packed, 1));
+    }
+#endif
+    for (; x < count; x++) {
+        const unsigned char *p = in + 4 * (flip ? count - 1 - x : x);
+        out[3 * x] = p[0]; out[3 * x + 1] = p[1]; out[3 * x + 2] = p[2];
+    }
+}
+
+/* out[k] = in[k] * scale[k] + offset[k] for `count` values. Where out is 32-byte aligned,
+ * written past the cache: a batch is far larger than the cache, and a store that first reads
+ * the line it fills would double the memory traffic of the largest stage at high resolution. */
+static void normalize_row(const unsigned char *in, float *out, const float *scale, const float *offset, int count) {
+    int k = 0;
+#ifdef __AVX2__
+    if (((size_t)out & 31) == 0) {
+        for (; k + 8 <= count; k += 8) {
+            __m256 values = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(in + k))));
+            _mm256_stream_ps(out + k, _mm256_add_ps(_mm256_mul_ps(values, _mm256_loadu_ps(scale + k)),
+                                                    _mm256_loadu_ps(offset + k)));
+        }
+    }
+#endif
+    for (; k < count; k++) out[k] = in[k] * scale[k] + offset[k];
+}
+
 /* The region's box [x0, x1) x [y0, y1) resized to side x side, flipped and ColOut'ed into the
- * sample's slot of the batch (uint8, or float32 normalized).
- * Across first, then down, through a uint8 intermediate, as Pillow does. */
+ * sample's slot of the batch (uint8, or float32 normalized), each pass's CPU seconds added to
+ * `seconds` (across, down, write). Across first, then down, through a uint8 intermediate, as
+ * Pillow does. */
 static void resize_into(worker *self, const batch_job *job, int index, const unsigned char *region,
-                        int region_width, int region_rows, double x0, double y0, double x1, double y1, int flip) {
+                        int region_width, int region_rows, double x0, double y0, double x1, double y1, int flip,
+                        double seconds[3]) {
+    double started = now();
     int side = job->side;
     axis_weights *across = &self->across, *down = &self->down;
     resample_weights(down, &self->errors, y0, y1, region_rows, side);
     resample_weights(across, &self->errors, x0, x1, region_width, side);
+    lane_weights(across, side, &self->errors);
     /* Only the region rows the vertical pass reads are resized across; the last output's taps
      * may reach past them (with zero weight), so a few rows more are kept. */
     int row_first = down->bounds[0], row_last = down->bounds[side - 1] + down->taps;
     size_t stride = (size_t)side * 4;
-    self->rows = grow(self->rows, &self->rows_size, (size_t)(row_last - row_first + 1) * stride, &self->errors);
-    unsigned char *rows = self->rows, *line = self->rows + (size_t)(row_last - row_first) * stride;
+    self->rows = grow(self->rows, &self->rows_size, (size_t)(row_last - row_first) * stride, &self->errors);
+    self->resized = grow(self->resized, &self->resized_size, (size_t)job->out_rows * stride, &self->errors);
+    unsigned char *rows = self->rows;
     for (int y = row_first; y < row_last; y++) {
         if (y < region_rows) resize_row(region + (size_t)y * region_width * 4, rows + (size_t)(y - row_first) * stride,
                                         across, side);
         else memset(rows + (size_t)(y - row_first) * stride, 0, stride);
     }
+    double across_done = now();
+    seconds[0] = across_done - started;
     const int *keep_rows = job->keep_rows ? job->keep_rows + (long)index * job->out_rows : NULL;
     const int *keep_cols = job->keep_cols ? job->keep_cols + (long)index * job->out_cols : NULL;
     for (int r = 0; r < job->out_rows; r++) {
         int y = keep_rows ? keep_rows[r] : r;
         resize_column(rows + (size_t)(down->bounds[y] - row_first) * stride, stride,
-                      down->coefficients + (long)y * down->taps, down->taps, side * 4, line);
+                      down->coefficients + (long)y * down->taps, down->taps, side * 4, self->resized + r * stride);
+    }
+    double down_done = now();
+    seconds[1] = down_done - across_done;
+    for (int r = 0; r < job->out_rows; r++) {
+        const unsigned char *line = self->resized + r * stride;
         size_t at = ((size_t)index * job->out_rows + r) * job->out_cols * 3;
         unsigned char *to = job->out_float ? self->rgb : job->out + at;
-        if (!keep_cols && !flip) {            /* the common case, in a loop the compiler vectorizes */
-            for (int col = 0; col < side; col++)
-                for (int channel = 0; channel < 3; channel++) to[3 * col + channel] = line[4 * col + channel];
+        if (!keep_cols) {
+            rgbx_to_rgb(line, to, side, flip);
         } else {
             for (int col = 0; col < job->out_cols; col++) {
-                int x = keep_cols ? keep_cols[col] : col;
-                if (flip) x = side - 1 - x;
+                int x = flip ? side - 1 - keep_cols[col] : keep_cols[col];
                 for (int channel = 0; channel < 3; channel++) to[3 * col + channel] = line[4 * x + channel];
             }
         }
-        if (job->out_float) {                 /* normalized, against constants tiled along the row */
-            float *normalized = job->out_float + at;
-            for (int k = 0; k < 3 * job->out_cols; k++)
-                normalized[k] = to[k] * self->row_scale[k] + self->row_offset[k];
-        }
+        if (job->out_float)                   /* normalized, against constants tiled along the row */
+            normalize_row(to, job->out_float + at, self->row_scale, self->row_offset, 3 * job->out_cols);
     }
+#ifdef __AVX2__
+    _mm_sfence();                             /* the streamed stores are seen before the batch is handed on */
+#endif
+    seconds[2] = now() - down_done;
 }
 
 /* The bytes from the sample's first (image or label) to its last, read from its file, or where
@@ -414,6 +518,14 @@ static void make_sample(worker *self, batch_job *job, int i) {
     } else if (indexed) {
         read_header(self, jpeg, jpeg_size);    /* the crop needs (nearly) every MCU: decoded whole */
     }
+    double entry_done = now();
+    seconds[1] = entry_done - read_done;
+    if (job->entropy_only) {                   /* the rows of the MCUs cut, or (without markers) all of them */
+        jpeg_read_coefficients(info);
+        jpeg_abort_decompress(info);
+        seconds[2] = now() - entry_done;
+        return;
+    }
     info->out_color_space = JCS_EXT_RGBX;
     info->scale_num = (unsigned)m;
     info->scale_denom = 8;
@@ -431,11 +543,9 @@ static void make_sample(worker *self, batch_job *job, int i) {
         row += (int)jpeg_read_scanlines(info, &pointer, 1);
     }
     jpeg_abort_decompress(info);   /* the rows below the crop are never decoded */
-    double decode_done = now();
-    seconds[1] = decode_done - read_done;
+    seconds[2] = now() - entry_done;
     resize_into(self, job, i, self->region, (int)region_width, rows, x0 - first_col, y0 - row0,
-                x1 - first_col, y1 - row0, flip);
-    seconds[2] = now() - decode_done;
+                x1 - first_col, y1 - row0, flip, seconds + 3);
 }
 
 /* At load (pipeline/native/library.py): the libjpeg loaded is the one compiled against. */
@@ -480,8 +590,8 @@ static void *work(void *argument) {
     }
     jpeg_destroy_decompress(&self.info);
     restart_index_free(&self.restarts);
-    free(self.cut); free(self.bytes); free(self.region); free(self.rows); free(self.rgb); free(self.row_scale); free(self.row_offset);
-    free(self.across.bounds); free(self.across.coefficients); free(self.down.bounds); free(self.down.coefficients);
+    free(self.cut); free(self.bytes); free(self.region); free(self.rows); free(self.resized); free(self.rgb); free(self.row_scale); free(self.row_offset);
+    free(self.across.bounds); free(self.across.coefficients); free(self.across.lanes); free(self.down.bounds); free(self.down.coefficients);
     return NULL;
 }
 
