@@ -5,6 +5,7 @@ The Debian packages are read where installed, else from `data/sample/.debian` wh
 left them there, else downloaded once into pytest's cache folder (.pytest_cache/d/debian-packages,
 about 170 MB unpacked) and reused by later runs (conftest's `debian_cache`)."""
 import csv
+import io
 import os
 import re
 import signal
@@ -299,6 +300,26 @@ def test_photos_large_cuts_the_same_tiles_and_workers_change_no_byte(tmp_path, p
     jpegs = [rel for rel in photos if rel.endswith(".JPEG")]
     assert jpegs and all(large[rel] == photos[rel] for rel in jpegs)
     assert set(large) == set(photos)
+
+
+def test_photos_heavy_is_photos_tiles_with_grain_at_quality_97(tmp_path, photos_dir, debian_cache):
+    """The same tiles (boxes and sizes) as photos, at quality 97 with a seeded grain: far more bytes
+    per tile, the same ones on a second run."""
+    summary = msd.make_photos_heavy(tmp_path, limit=LIMIT, seed=3, progress=False, cache_dir=debian_cache)
+    heavy_dir = Path(summary["path"])
+    heavy, photos = files_of(heavy_dir), files_of(photos_dir)
+    jpegs = sorted(rel for rel in photos if rel.endswith(".JPEG"))
+    assert jpegs == sorted(rel for rel in heavy if rel.endswith(".JPEG"))
+    for rel in jpegs:
+        with Image.open(io.BytesIO(heavy[rel])) as image, Image.open(io.BytesIO(photos[rel])) as photo:
+            assert image.size == photo.size
+    mean_bytes = lambda files: np.mean([len(files[rel]) for rel in jpegs])
+    assert mean_bytes(heavy) > 2.5 * mean_bytes(photos)
+    rows = lambda folder: [row[:-1] for row in csv.reader(io.StringIO((folder / "tiles.csv").read_text()))]
+    assert rows(heavy_dir) == rows(photos_dir)            # the same boxes and sizes: all but the quality
+    assert {row[-1] for row in csv.reader(io.StringIO((heavy_dir / "tiles.csv").read_text()))} == {"quality", "97"}
+    again = msd.make_photos_heavy(tmp_path / "again", limit=LIMIT, seed=3, progress=False, cache_dir=debian_cache)
+    assert files_of(Path(again["path"])) == heavy
 
 
 @pytest.mark.timeout(60)

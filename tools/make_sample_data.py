@@ -15,6 +15,11 @@ Two sets, both from Debian packages (no internet data set can be fetched here):
 - photos-large (on request only, not in `make demo`): the same photographs cut into 2,000
   train and 400 val tiles each (46,000 train, 9,200 val; about 1.4 GB): enough images that a
   GPU loader's epoch lasts seconds. Made by all cores (`--jobs`).
+- photos-heavy (on request only): the photos set's tiles (the same boxes and sizes) with a
+  camera's grain (Gaussian, sigma 6 of 255 per channel, seeded per tile) and quality 97:
+  about 3.5x the bytes (mean about 85 kB against 25 kB), near ImageNet's bytes per pixel, so that
+  the Huffman decoding weighs what it does on ImageNet. The wallpapers alone are smoother
+  than camera photographs: quality 97 without grain gives only 46 kB.
 
 Deterministic (the same arguments give byte-identical files) and idempotent: a finished set
 has OUT/NAME/.done.json and a rerun only counts files; an interrupted run resumes, and
@@ -23,7 +28,7 @@ every JPEG is written under a temporary name and renamed, so none is ever partia
 The packages' files are read where they are installed; otherwise the .deb is fetched with
 `apt-get download` (no root needed) and unpacked with `dpkg -x` into OUT/.debian/.
 
-Usage: python tools/make_sample_data.py {fashion,photos,photos-large,all} ... [--out data/sample]
+Usage: python tools/make_sample_data.py {fashion,photos,photos-large,photos-heavy,all} ... [--out data/sample]
        [--limit N (per class per split)] [--seed S] [--jobs N (default: all cores)]
 """
 from __future__ import annotations
@@ -83,6 +88,7 @@ MIN_SIDE, MAX_SIDE = 250, 500
 MAX_SCALE = 3.0          # a tile shows a region up to 3x its size, downscaled
 QUALITY_RANGE = (85, 95)  # inclusive
 PHOTOS_VERSION = 1
+HEAVY_GRAIN, HEAVY_QUALITY = 6.0, 97   # photos-heavy: ImageNet-like bytes per pixel
 
 
 class SampleDataError(Exception):
@@ -215,25 +221,30 @@ def plan_tiles(class_name: str, photo_size: tuple, split: str, count: int, seed:
     return tiles
 
 
-def render_tile(photo: Image.Image, box, size, quality) -> bytes:
+def render_tile(photo: Image.Image, box, size, quality, grain: float = 0.0, grain_seed=None) -> bytes:
     # Crop first, then resize: resizing with box= would let the filter read pixels
     # just outside the box, across the train/val border.
     region = photo.crop(box)
     if region.size != tuple(size):
         region = region.resize(size, Image.LANCZOS)
+    if grain:
+        noise = np.random.default_rng(grain_seed).normal(0.0, grain, (size[1], size[0], 3))
+        region = Image.fromarray(np.clip(np.asarray(region, np.float32) + noise, 0, 255).round().astype(np.uint8))
     return jpeg_bytes(region, quality)
 
 
 def make_photos(out_dir, limit: int | None = None, seed: int = 0, progress: bool = True,
                 cache_dir=None, sources=PHOTO_SOURCES, set_name: str = "photos",
-                tiles_per_class: dict = PHOTO_TILES_PER_CLASS, jobs: int = 1) -> dict:
+                tiles_per_class: dict = PHOTO_TILES_PER_CLASS, jobs: int = 1, grain: float = 0.0,
+                quality: int | None = None) -> dict:
     """ImageNet-like tiles of real photographs (see the module docstring);
-    limit = tiles per class per split (default 100 train, 25 val)."""
+    limit = tiles per class per split (default 100 train, 25 val); `grain` and `quality` (instead
+    of each tile's drawn one) make photos-heavy."""
     out_dir = Path(out_dir)
     set_dir = out_dir / set_name
     names = [name for name, _, _ in sources]
     content_params = {"set": set_name, "version": PHOTOS_VERSION, "seed": seed,
-                      "sources": names}
+                      "sources": names, **({"grain": grain, "quality": quality} if grain or quality else {})}
     params = {**content_params, "limit": limit}
     counts = finished_counts(set_dir, params)
     if counts is not None:
@@ -254,21 +265,22 @@ def make_photos(out_dir, limit: int | None = None, seed: int = 0, progress: bool
         for split in SPLITS:
             count = min(tiles_per_class[split], limit or tiles_per_class[split])
             tiles = plan_tiles(name, photo_size, split, count, seed)
-            for i, (box, size, quality) in enumerate(tiles):
+            for i, (box, size, drawn_quality) in enumerate(tiles):
                 rel = f"{split}/{name}/{name}_{i:04d}.JPEG"
-                plan[rel] = (photo_path, box, size, quality)
-                manifest.append([split, name, rel, source, *box, *size, quality])
+                grain_seed = [seed, zlib.crc32(name.encode()), SPLITS.index(split), i]
+                plan[rel] = (photo_path, box, size, quality or drawn_quality, grain_seed)
+                manifest.append([split, name, rel, source, *box, *size, quality or drawn_quality])
 
     loaded = {}     # in each worker process, the photos it cuts: the plan is in photo order
 
     def render(job):
-        photo_path, box, size, quality = job
+        photo_path, box, size, tile_quality, grain_seed = job
         if photo_path not in loaded:
             if len(loaded) > 1:                 # the photo in hand and the one before
                 loaded.pop(next(iter(loaded)))
             with Image.open(photo_path) as im:
                 loaded[photo_path] = im.convert("RGB")
-        return render_tile(loaded[photo_path], box, size, quality)
+        return render_tile(loaded[photo_path], box, size, tile_quality, grain, grain_seed)
 
     written = write_missing(set_dir, plan, render, set_name, progress, jobs)
     buf = io.StringIO()
@@ -287,15 +299,23 @@ def make_photos_large(out_dir, limit: int | None = None, seed: int = 0, progress
                        tiles_per_class=LARGE_TILES_PER_CLASS, jobs=jobs)
 
 
-SETS = {"fashion": make_fashion, "photos": make_photos, "photos-large": make_photos_large}
-DEFAULT_SETS = ("fashion", "photos")   # `all`: photos-large only when named
+def make_photos_heavy(out_dir, limit: int | None = None, seed: int = 0, progress: bool = True,
+                      cache_dir=None, jobs: int = 1) -> dict:
+    """The photos set's tiles with a camera's grain at quality 97: ImageNet-like bytes per pixel."""
+    return make_photos(out_dir, limit, seed, progress, cache_dir, set_name="photos-heavy", jobs=jobs,
+                       grain=HEAVY_GRAIN, quality=HEAVY_QUALITY)
+
+
+SETS = {"fashion": make_fashion, "photos": make_photos, "photos-large": make_photos_large,
+        "photos-heavy": make_photos_heavy}
+DEFAULT_SETS = ("fashion", "photos")   # `all`: photos-large and photos-heavy only when named
 
 
 # --- command line ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="+", metavar="NAME", choices=[*SETS, "all"],
-                        help="fashion, photos, photos-large or all (fashion and photos)")
+                        help="fashion, photos, photos-large, photos-heavy or all (fashion and photos)")
     parser.add_argument("--out", type=Path, default=Path("data/sample"),
                         help="output folder (default: data/sample)")
     parser.add_argument("--limit", type=int, default=None,
