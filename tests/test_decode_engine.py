@@ -129,6 +129,19 @@ def test_plain_c_and_simd_paths_agree(stored, tmp_path, march):
     assert np.allclose(*floats, rtol=0, atol=1e-5) and floats[0].std() > 0.5
 
 
+def test_the_engines_crc32_is_zlibs():
+    """The checksum the engine checks samples against (crc32_fold.h, by carry-less multiplication
+    where the CPU has it) is zlib's, at every length round its 64- and 16-byte steps, at any
+    alignment and from any starting value."""
+    import zlib
+    data = np.random.default_rng(0).integers(0, 256, 200_000, np.uint8).tobytes()
+    engine_crc32 = decode_engine._library.engine_crc32
+    for size in [*range(0, 300), 4095, 85_001, 199_997]:
+        for offset, start in ((0, 0), (3, 0), (5, 0x9E3779B9)):
+            piece = data[offset:offset + size]
+            assert engine_crc32(start, piece, len(piece)) == zlib.crc32(piece, start), (size, offset, start)
+
+
 def test_entropy_only_decodes_the_crops_mcus_and_writes_nothing(stored):
     """The floor's pass: every sample read, checked and Huffman-decoded (so a damaged one still
     fails), its label given, and not a byte of the batch written."""

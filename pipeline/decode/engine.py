@@ -63,6 +63,8 @@ def load(flags: tuple[str, ...] = ("-march=native",), library: Path | None = Non
     int_p = ctypes.POINTER(ctypes.c_int)
     library.engine_crop_box.argtypes = [ctypes.POINTER(_BatchJob), ctypes.c_int, ctypes.c_int, ctypes.c_int, int_p, int_p]
     library.engine_stages.restype = ctypes.c_int
+    library.engine_crc32.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_size_t]
+    library.engine_crc32.restype = ctypes.c_uint
     library.engine_uniforms.argtypes = [ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p,
                                         ctypes.c_int]
     if library.engine_stages() != len(STAGES):
