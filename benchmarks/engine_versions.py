@@ -25,9 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 import numpy as np
 
 from benchmarks.hardware import add_results_options, append_results, cpu_words, results_folder, signature
@@ -38,6 +35,7 @@ from pipeline.decode import engine as decode_engine
 from pipeline.native.library import load_library
 from pipeline.shards.index import StoredShards
 
+ROOT = Path(__file__).resolve().parents[1]
 NATIVE = "pipeline/native"
 
 

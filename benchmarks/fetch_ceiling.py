@@ -25,6 +25,7 @@ from benchmarks.loopback_servers import Nginx
 from pipeline.storage.object_store import open_store
 from pipeline.remote.block_plan import BLOCK_BYTES
 from pipeline.remote.shards import FETCH_THREADS, MOST_STREAMED_REQUESTS
+from pipeline.remote.block_fetcher import FetcherSettings
 from pipeline.remote.shared_blocks import SharedBlocks, Visits
 
 WINDOW = 256        # blocks fetched ahead of the reader at most
@@ -34,8 +35,8 @@ def stream(url: str, blocks: int, most_in_flight: int) -> tuple[float, int]:
     """(MiB/s, most requests in flight) reading `blocks` blocks of big.bin in order."""
     starts = np.arange(blocks, dtype=np.int64) * BLOCK_BYTES
     store = open_store(url)
-    shared = SharedBlocks(store.client_url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts,
-                          starts + BLOCK_BYTES, BLOCK_BYTES, WINDOW + most_in_flight, FETCH_THREADS, most_in_flight)
+    shared = SharedBlocks(FetcherSettings(store.client_url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts,
+                          starts + BLOCK_BYTES, BLOCK_BYTES, WINDOW + most_in_flight, FETCH_THREADS, most_in_flight))
     try:
         order = np.arange(blocks, dtype=np.int64)
         shared.plan(Visits(order, order + 1, order + 1, starts, starts + BLOCK_BYTES), WINDOW, 0)   # block i: batch i + 1

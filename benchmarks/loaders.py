@@ -203,7 +203,8 @@ def measure(config: dict) -> dict:
 
 def fetch_process_seconds(loader) -> float:
     """The CPU time so far of the loader's fetch process (a split streamed through memory); 0 without one."""
-    shared = getattr(getattr(loader.stored, "blocks", None), "shared", None)
+    fetch_process = getattr(getattr(loader.stored, "sources", None), "fetch_process", None)
+    shared = fetch_process.shared if fetch_process is not None else None
     return cpu_seconds(shared.process.pid, descendants=False) if shared is not None else 0.0
 
 

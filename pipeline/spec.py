@@ -54,6 +54,7 @@ class LoaderSpec:
     seed: int = 0
     rank: Optional[int] = None          # default: torch.distributed's, when initialised, else 0
     world_size: Optional[int] = None    # likewise, else 1
+    local_rank: int = 0                 # the rank on its node: the first says what befalls the node's cache
     drop_last: Optional[bool] = None    # default: True for train, False for val
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
@@ -111,6 +112,12 @@ class LoaderSpec:
             raise ValueError(f"need 0 <= rank < world_size, got rank {self.rank}, world_size {self.world_size}")
         if self.drop_last is None:
             self.drop_last = self.split == "train"
+
+    @property
+    def remote_options(self) -> dict:
+        """What reading a dataset at a URL takes from the spec (`pipeline.datasets.read_converted`)."""
+        return dict(cache_dir=self.cache_dir, cache_limit=self.cache_limit, fetch_timeout=self.fetch_timeout,
+                    local_rank=self.local_rank)
 
     @property
     def train(self) -> bool:

@@ -16,7 +16,7 @@ HARDWARE_KEYS = {"cpu_model", "cpu_cores", "ram_gb", "gpu_model", "gpu_count", "
 
 
 def test_loaders_benchmark_rows(sample_sets, tmp_path):
-    backends = ["decode_bound", "webdataset", "ffcv-bare", "dali-bare"]
+    backends = ["decode_bound", "decode_floor", "webdataset", "ffcv-bare", "dali-bare"]
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loaders.py"), "--source",
                              str(sample_sets / "photos"), "--cache", str(tmp_path / "cache"), "--results-dir",
                              str(tmp_path / "results"), "--backends", ",".join(backends), "--splits", "train",
@@ -33,19 +33,23 @@ def test_loaders_benchmark_rows(sample_sets, tmp_path):
         assert row["benchmark"] == "loaders" and row["split"] == "train" and row["resolution"] == 64
         assert row["commit"] and row["date"] and "torch" in row["versions"]
         assert row["img_per_s"] > 0 and row["share_of_decode_bound"] == pytest.approx(row["img_per_s"] / bound)
-        if name != "decode_bound":
+        if name not in ("decode_bound", "decode_floor"):
             assert row["images_per_epoch"] == 92 // 16 * 16 and row["peak_rss_mb"] > 50 and 0 < row["cpu_util"] <= 1
     assert "max side 512" in rows["webdataset"]["dataset"] and "ffcv jpg" in rows["ffcv-bare"]["dataset"]
     stages = rows["webdataset"]["engine_us_per_image"]          # where the engine's time went
-    assert set(stages) == {"read", "decode", "resize", "python"} and stages["decode"] > 0 and stages["resize"] > 0
+    assert set(stages) == {"read", "entry", "decode", "resize_across", "resize_down", "write", "python"}
+    assert stages["decode"] > 0 and stages["resize_across"] > 0 and stages["write"] > 0
     assert "engine, CPU us per image: read" in result.stdout
+    floor = rows["decode_floor"]        # every sample's crop entropy-decoded, per resolution
+    assert floor["images_per_epoch"] == 92 and floor["resolution"] == 64 and floor["img_per_s"] > 0
+    assert rows["webdataset"]["share_of_decode_floor"] == pytest.approx(rows["webdataset"]["img_per_s"] / floor["img_per_s"])
     bound_row = rows["decode_bound"]
     assert bound_row["images_per_epoch"] == 92 and set(bound_row["by_decoder"]) == {
         f"{decoder}, {form}" for decoder in ("simplejpeg", "jpeg_roi") for form in ("stored", "no markers")}
     assert bound_row["decoder"] in bound_row["by_decoder"] and bound_row["img_per_s"] == max(bound_row["by_decoder"].values())
     printed = {fields[0]: fields for fields in map(str.split, result.stdout.splitlines()) if fields[:1] and
                fields[0] in backends}
-    assert printed["decode_bound"][-2:] == ["-", "-"], result.stdout         # measures no loader's CPU or memory
+    assert printed["decode_bound"][-2:] == printed["decode_floor"][-2:] == ["-", "-"], result.stdout   # no loader's CPU or memory
     assert printed["webdataset"][-2].endswith("%") and float(printed["webdataset"][-1]) > 50
 
 

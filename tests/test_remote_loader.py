@@ -112,7 +112,7 @@ def test_s3_keys_from_a_credential_process_reach_the_fetch_process(converted_set
         assert_same(expected, batches(remote))
         # the fetch process got the split's bytes itself: a request it made unsigned would be refused
         from pipeline.remote.block_fetcher import BYTES
-        assert int(remote.stored.blocks.shared.header[BYTES]) >= remote.stored.split_bytes // 2
+        assert int(remote.stored.sources.fetch_process.shared.header[BYTES]) >= remote.stored.split_bytes // 2
     assert len(ran.read_text().splitlines()) == 1       # the keys it gave travel with the store's options
 
 
@@ -215,7 +215,7 @@ def test_a_split_larger_than_the_cache_streams_through_memory(converted_sets, ph
     requests = [0]
     for epoch in (0, 1):
         assert_same(batches(local, epoch), batches(remote, epoch))
-        shared = remote.stored.blocks.shared
+        shared = remote.stored.sources.fetch_process.shared
         requests.append(store.requests)
         # What is held once the fetcher has caught up with the end of the epoch: the next epoch's
         # first blocks, fetched while this one ended, as many as the read-ahead's bytes allow, and
@@ -223,7 +223,7 @@ def test_a_split_larger_than_the_cache_streams_through_memory(converted_sets, ph
         next_plan = [remote.stored.block_of[ids].tolist() for ids in remote.stored.epoch_batches(remote.spec, epoch + 1)]
         held = wait_for(lambda: shared.held_blocks() if next_plan[0][0] in shared.held_blocks()
                         and shared.held_blocks() <= set(sum(next_plan, [])) else None)
-        window = remote.stored.blocks.visit_gap
+        window = remote.stored.sources.fetch_process.visit_gap
         this_plan = [remote.stored.block_of[ids].tolist() for ids in remote._plan]
         both = set(sum(this_plan[-window:], [])) & set(sum(next_plan[:window], []))
         block_sizes = remote.stored.block_end - remote.stored.block_start
@@ -248,7 +248,7 @@ def test_blocks_the_fetch_process_cannot_give_are_fetched_here(converted_sets, p
     local = build_loader(spec(converted_sets["photos"]["webdataset"]))
     remote = build_loader(spec(url, cache_dir=tmp_path, cache_limit=1, fetch_size="64KiB"))
     assert_same(batches(local, 0)[:2], batches(remote, 0)[:2])
-    shared = remote.stored.blocks.shared
+    shared = remote.stored.sources.fetch_process.shared
     shared.process.kill()
     shared.process.wait()
     before = remote.stored.source.store.requests
@@ -257,22 +257,25 @@ def test_blocks_the_fetch_process_cannot_give_are_fetched_here(converted_sets, p
     assert not shared.alive
 
 
+@pytest.mark.parametrize("failing", ["FetchProcess", "SharedBlocks"])
 def test_a_fetch_process_that_does_not_start_leaves_the_blocks_to_threads_here(converted_sets, photos_server,
-                                                                              tmp_path, monkeypatch, caplog):
-    """Where the fetch process cannot start, the split streams through memory all the same,
-    fetched by threads here, with one line saying so, and the batches are those of local disk."""
+                                                                              tmp_path, monkeypatch, caplog, failing):
+    """Where the fetch process cannot start (when the split is opened) or be set up (at the first
+    plan), the split streams through memory all the same, fetched by threads here, with one line
+    saying so, and the batches are those of local disk."""
     from pipeline.remote import block_sources
 
     def no_process(*args, **options):
         raise OSError("no process for the test")
-    monkeypatch.setattr(block_sources, "SharedBlocks", no_process)
+    monkeypatch.setattr(block_sources, failing, no_process)
     local = build_loader(spec(converted_sets["photos"]["webdataset"]))
     remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=tmp_path, cache_limit=1,
                                fetch_size="64KiB"))
     with caplog.at_level("WARNING", logger="pipeline.remote.block_sources"):
         for epoch in (0, 1):
             assert_same(batches(local, epoch), batches(remote, epoch))
-    assert remote.stored.in_memory and not hasattr(remote.stored.blocks, "shared")
+    assert remote.stored.in_memory and remote.stored.sources.serving is remote.stored.sources.memory
+    assert remote.stored.sources.fetch_process is None
     said = [record.getMessage() for record in caplog.records if "did not start" in record.getMessage()]
     assert len(said) == 1 and "no process for the test" in said[0], said
     assert not list(tmp_path.rglob(f"*{BLOCK_SUFFIX}"))
@@ -293,13 +296,13 @@ def test_a_block_larger_than_the_fetch_process_slots_is_fetched_ahead_here(photo
     soon = {block for block in oversized if first_use[block] <= 3}
     assert soon, "the test set needs a sample larger than 64 KiB in its first batches"
     stored.read_ahead(plan, 0)
-    assert stored.blocks.shared is not None and not stored.blocks.shared.planned[list(soon)].any()
-    memory = stored.blocks.memory._blocks
+    shared = stored.sources.fetch_process.shared
+    assert shared is not None and not shared.planned[list(soon)].any()
+    memory = stored.sources.memory._blocks
     wait_for(lambda: all(block in memory and memory[block].filled for block in soon))
     batch = plan[max(first_use[block] for block in soon)]
     # and the fetch process's blocks of that batch: one it has not begun within its patience (a
     # starved process on a loaded machine) would be fetched here, as it should, and counted below
-    shared = stored.blocks.shared
     theirs = [block for block in set(stored.block_of[batch].tolist()) - soon if shared.planned[block]]
     wait_for(lambda: (shared.state[theirs] >= 0).all())
     requests = stored.source.store.requests       # fetches here; the fetch process's are added as batches are handed out
@@ -331,6 +334,7 @@ def test_the_fetch_process_raises_its_requests_to_cover_the_round_trip(tmp_path)
     from benchmarks.loopback_servers import ECHO_MODULE, Nginx
     from pipeline.storage.object_store import open_store
     from pipeline.remote.block_plan import Visits
+    from pipeline.remote.block_fetcher import FetcherSettings
     from pipeline.remote.shared_blocks import SharedBlocks
     if not ECHO_MODULE.exists():
         pytest.skip("nginx's echo module is not installed (libnginx-mod-http-echo)")
@@ -341,8 +345,8 @@ def test_the_fetch_process_raises_its_requests_to_cover_the_round_trip(tmp_path)
     server = Nginx(tmp_path / "served", tmp_path / "nginx", delay_ms=50)
     store = open_store(server.url)
     starts = np.arange(blocks, dtype=np.int64) * block
-    shared = SharedBlocks(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts, starts + block,
-                          block, 256, 16, 48)
+    shared = SharedBlocks(FetcherSettings(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts, starts + block,
+                          block, 256, 16, 48))
     try:
         order = np.arange(blocks, dtype=np.int64)
         shared.plan(Visits(order, order + 1, order + 1, starts, starts + block), 128, 0)    # block i read by batch i + 1
@@ -431,6 +435,7 @@ def test_the_fetch_process_fetches_each_visit_and_lets_the_block_go_between(tmp_
     from benchmarks.loopback_servers import Nginx
     from pipeline.storage.object_store import open_store
     from pipeline.remote.block_plan import Visits
+    from pipeline.remote.block_fetcher import FetcherSettings
     from pipeline.remote.shared_blocks import SharedBlocks
     block, blocks = 64 << 10, 40
     data = np.random.default_rng(1).integers(0, 256, block * blocks, dtype=np.uint8).tobytes()
@@ -439,8 +444,8 @@ def test_the_fetch_process_fetches_each_visit_and_lets_the_block_go_between(tmp_
     server = Nginx(tmp_path / "served", tmp_path / "nginx")
     store = open_store(server.url)
     starts = np.arange(blocks, dtype=np.int64) * block
-    shared = SharedBlocks(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts, starts + block,
-                          block, 64, 16, 16)
+    shared = SharedBlocks(FetcherSettings(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts, starts + block,
+                          block, 64, 16, 16))
     # (block, first batch, last batch, first byte, end byte): block 0's first quarter read by batch 0,
     # its second half by batch 30; block 1's halves by batches 1-10 and 12; block i by batch i
     planned = sorted([(0, 0, 0, 0, block // 4), (0, 30, 30, block // 2, block), (1, 1, 10, block, block * 3 // 2),
@@ -539,7 +544,7 @@ def test_dali_from_a_url_reads_through_the_same_fetcher(converted_sets, photos_s
     assert streamed.stored.in_memory
     for epoch in (0, 1):
         assert_same(batches(local, epoch), batches(streamed, epoch))
-    assert streamed.stored.blocks.shared.alive
+    assert streamed.stored.sources.fetch_process.shared.alive
     split_bytes = int(np.subtract(*sample_spans(streamed.stored.members)[::-1]).sum())
     fetched = streamed.stored.source.store.bytes_read
     assert fetched > 1.5 * split_bytes      # each epoch streamed again: nothing kept on disk

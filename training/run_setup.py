@@ -114,7 +114,8 @@ class RunSetup:
         them, and the train steps an epoch; a setting a loader cannot take (e.g. RandAugment in FFCV)
         is a config error, reported as one."""
         config, world = self.config, self.world
-        placement = dict(device=str(world.device), rank=world.rank, world_size=world.size, seed=config.seed)
+        placement = dict(device=str(world.device), rank=world.rank, world_size=world.size, local_rank=world.local_rank,
+                         seed=config.seed)
         specs = [config.data.loader_spec(split, **placement) for split in ("train", "val")]
         steps_per_epoch = batches_per_epoch(specs[0])
         if steps_per_epoch == 0:

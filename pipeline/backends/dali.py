@@ -55,8 +55,7 @@ class DALILoader(Loader):
     def __init__(self, spec: LoaderSpec):
         self.stored = None
         if is_url(spec.path) or is_converted(spec.path):   # a URL's samples come through the node's block cache
-            shards = read_converted(spec.path, spec.split, "webdataset", cache_dir=spec.cache_dir,
-                                    cache_limit=spec.cache_limit, fetch_timeout=spec.fetch_timeout)
+            shards = read_converted(spec.path, spec.split, "webdataset", **spec.remote_options)
             # its source reads the batch after the one DALI is given (`_PlannedBatches`)
             self.stored = (RemoteShards(shards.shards, shards.remote, spec.fetch_size, reads_ahead=2) if shards.remote
                            else StoredShards(shards.shards))

@@ -145,8 +145,7 @@ class _FixedOrder:
 class FFCVLoader(Loader):
     def __init__(self, spec: LoaderSpec):
         # from a URL: a local copy staged into the node's cache
-        data = read_converted(spec.path, spec.split, "ffcv", cache_dir=spec.cache_dir, cache_limit=spec.cache_limit,
-                              fetch_timeout=spec.fetch_timeout)
+        data = read_converted(spec.path, spec.split, "ffcv", **spec.remote_options)
         beton = data.files[0]
         try:
             fields = Reader(str(beton)).handlers

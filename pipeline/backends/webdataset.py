@@ -24,8 +24,7 @@ from pipeline.spec import LoaderSpec
 
 class WebDatasetLoader(Loader):
     def __init__(self, spec: LoaderSpec):
-        data = read_converted(spec.path, spec.split, "webdataset", cache_dir=spec.cache_dir,
-                              cache_limit=spec.cache_limit, fetch_timeout=spec.fetch_timeout)
+        data = read_converted(spec.path, spec.split, "webdataset", **spec.remote_options)
         # RandAugment's operations are Pillow's, in Python: its samples are decoded in DataLoader workers
         self.uses_engine = spec.native_decode and not (spec.train and spec.randaugment)
         # From a URL the same samples and plans, their bytes fetched into the node's cache. Read at

@@ -48,16 +48,14 @@ LOWER_ONCE_S = 1.0
 log = logging.getLogger(__name__)
 
 
-def node_level() -> int:
-    """The level of a message about the cache folder: WARNING on a node's first rank, DEBUG on the
-    others, since the folder is the node's and each rank would otherwise say the same."""
-    return logging.WARNING if os.environ.get("LOCAL_RANK", "0") == "0" else logging.DEBUG
-
-
 class BlockCache:
-    def __init__(self, root: str | Path, limit: int):
+    def __init__(self, root: str | Path, limit: int, first_on_node: bool = True):
+        """first_on_node: whether this process is its node's first rank, which says what befalls
+        the cache folder (WARNING; DEBUG on the others: the folder is the node's, and each rank
+        would otherwise say the same), as `message_level`."""
         self.root = Path(root)
         self.limit = limit
+        self.message_level = logging.WARNING if first_on_node else logging.DEBUG
         (self.root / ".locks").mkdir(parents=True, exist_ok=True)
         self._added_since_scan = limit      # scan at the first block this process adds
         self._lock = threading.Lock()
@@ -150,7 +148,7 @@ class BlockCache:
             except OSError as error:
                 if error.errno not in FULL_DISK:
                     raise
-            if attempt == 0 and not self._out_of_room():
+            if attempt == 0 and self._out_of_room() == 0:     # nothing freed: no room to write it again in
                 break
         return False
 
@@ -165,7 +163,7 @@ class BlockCache:
             # Below what filled the disk: a scan is due only every (1 - EVICT_TO) of the limit added
             lowered = int(EVICT_TO * sum(size for _, size, _ in blocks))
             if lowered < self.limit and not self._lowered_at:
-                log.log(node_level(), "%s: its disk is full; the cache keeps at most %s MiB from now on "
+                log.log(self.message_level, "%s: its disk is full; the cache keeps at most %s MiB from now on "
                         "(data.cache_limit %s MiB), so what it cannot keep is fetched again",
                         self.root, f"{lowered / (1 << 20):,.0f}", f"{self.limit / (1 << 20):,.0f}")
             self.limit = min(self.limit, lowered)

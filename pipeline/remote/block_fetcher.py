@@ -8,13 +8,15 @@ few turns of the GIL in a fetch thread, and the training step's thread waits for
 Here the GIL is the fetcher's own; the training process only reads slot numbers from shared memory.
 
 It imports the standard library, numpy and obstore alone (the `pipeline` package imports
-torch), so it starts in a fraction of a second: `python -P block_fetcher.py CONTROL WAKE MEMORY`,
-three inherited file descriptors:
-- CONTROL, a socket of pickled messages from the loader: ("setup", dict), then any number of
+torch), and it is started before its work is known (`shared_blocks.FetchProcess`), so that its
+interpreter and libraries load while the loader builds and plans its first epoch:
+`python -P block_fetcher.py CONTROL WAKE MEMORY`, three inherited file descriptors:
+- CONTROL, a socket of pickled messages from the loader: ("setup", the fields of a
+  `FetcherSettings`), then any number of
   ("plan", blocks, first use, last use, first byte, end byte, window) (its visits, in the order of
   their first use: `block_plan.Visits`), ("stop",) or end of file;
 - WAKE, a pipe the loader writes a byte to when its position moves;
-- MEMORY, a memfd laid out by `layout`: a header of int64 words (the loader's position, written
+- MEMORY, a memfd, sized by the loader before the setup and laid out by `layout`: a header of int64 words (the loader's position, written
   by it; the counters, written here), the span of bytes of each block fetched last (first, end),
   the state of each block (ABSENT, FETCHING, FAILED, or the slot holding it) and the slots.
 
@@ -44,6 +46,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -57,6 +60,22 @@ PAGE = 4096
 RATE_EVERY_S = 0.5      # how often the loader's rate and the round trip are measured again
 
 
+@dataclass
+class FetcherSettings:
+    """What the fetch process is set up with; it crosses to the process as a dict of its fields
+    (the process does not import the `pipeline` package, which imports torch)."""
+    url: str                    # the store, as obstore opens it
+    store_options: dict
+    names: list[str]            # the shards' object names
+    block_shard: np.ndarray     # per block: its shard, its first byte and one past its last
+    block_start: np.ndarray
+    block_end: np.ndarray
+    slot_bytes: int             # a slot holds one block
+    slots: int
+    least_in_flight: int        # requests in flight at least, and at most (Little's law between)
+    most_in_flight: int
+
+
 def layout(blocks: int, slots: int, slot_bytes: int) -> tuple[int, int, int, int]:
     """(offset of the blocks' spans, of their states, of the slots, total bytes) of the shared memory."""
     spans = HEADER_WORDS * 8
@@ -66,20 +85,20 @@ def layout(blocks: int, slots: int, slot_bytes: int) -> tuple[int, int, int, int
 
 
 class Fetcher:
-    def __init__(self, control, wake: int, memory_fd: int, setup: dict):
+    def __init__(self, control, wake: int, memory_fd: int, settings: FetcherSettings):
         import obstore.store
         self.control, self.wake = control, wake
-        self.store = obstore.store.from_url(setup["url"], **setup["store_options"])
-        self.names = setup["names"]
-        self.block_shard, self.block_start, self.block_end = setup["block_shard"], setup["block_start"], setup["block_end"]
-        self.slot_bytes = setup["slot_bytes"]
-        self.least_in_flight, self.most_in_flight = setup["least_in_flight"], setup["most_in_flight"]
+        self.store = obstore.store.from_url(settings.url, **settings.store_options)
+        self.names = settings.names
+        self.block_shard, self.block_start, self.block_end = settings.block_shard, settings.block_start, settings.block_end
+        self.slot_bytes = settings.slot_bytes
+        self.least_in_flight, self.most_in_flight = settings.least_in_flight, settings.most_in_flight
         self.allowed_in_flight = self.least_in_flight
         self.seconds_per_request = 0.0           # a request's mean time over the last interval, issue to slot
         self.request_seconds, self.requests_timed = 0.0, 0
         self.rate_mark = (0.0, 0, 0)             # (time, bytes let go by then, the loader's waits by then)
         self.let_go_bytes = 0
-        blocks, slots = len(self.block_start), setup["slots"]
+        blocks, slots = len(self.block_start), settings.slots
         spans_at, states_at, arena_at, total = layout(blocks, slots, self.slot_bytes)
         self.memory = mmap.mmap(memory_fd, total)
         self.header = np.ndarray(HEADER_WORDS, np.int64, self.memory, 0)
@@ -240,9 +259,14 @@ def main(argv: list[str]) -> None:
     os.nice(NICENESS)
     # Read by tokio when obstore first builds its runtime, below
     os.environ.setdefault("TOKIO_WORKER_THREADS", str(max(1, min(4, len(os.sched_getaffinity(0)) // 8))))
-    kind, setup = control.recv()
-    assert kind == "setup", kind
-    asyncio.run(Fetcher(control, wake, memory_fd, setup).run())
+    import obstore.store  # noqa: F401 - loaded while the loader plans, not once it waits
+    try:
+        kind, setup = control.recv()
+    except (EOFError, OSError):     # the loader never needed it (its split stayed on disk) or is gone
+        return
+    if kind != "setup":
+        return
+    asyncio.run(Fetcher(control, wake, memory_fd, FetcherSettings(**setup)).run())
 
 
 if __name__ == "__main__":

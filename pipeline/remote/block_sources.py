@@ -1,17 +1,24 @@
-"""Where the blocks of a split read from a URL live, behind one interface (`BlockSource`) that
-the reader (`pipeline/remote/shards.py`) uses without knowing which it holds:
+"""Where the blocks of a split read from a URL live, and which of those places serves them: the
+reader (`pipeline/remote/shards.py`) asks `SplitSources`, the one place that chooses, and reads
+through one interface (`BlockSource`) without knowing which it holds.
 
+The places:
 - `DiskBlocks`: files in the node's cache on disk (`pipeline/remote/block_cache.py`), where later
-  epochs find them; for a split that fits in the cache's limit and in the room its disk has;
+  epochs find them;
 - `FetchProcessBlocks`: slots of memory shared with a fetch process of their own
   (`pipeline/remote/shared_blocks.py`), so that fetching takes no turns of the loader's GIL from
-  the training step; for a larger split, from its first plan on;
+  the training step;
 - `MemoryBlocks`: buffers in the loader's own memory, fetched by threads here
-  (`pipeline/remote/memory_blocks.py`): a larger split's blocks before its first plan, those the
-  fetch process does not give, and all of them should it not start or end.
+  (`pipeline/remote/memory_blocks.py`).
 
-A source's `read_ahead` returns the source to read from next: itself, or the one replacing it
-(a disk that filled mid-run, a fetch process started or ended).
+Which serves, decided when the split is opened and again at each epoch's start, never within one:
+1. the disk, while the split fits the cache's limit and the room its disk has (a disk that fills
+   mid-run lowers the limit: the next epoch streams);
+2. else the fetch process, started when the split is opened (its interpreter loads meanwhile)
+   and set up at the first plan; what it does not give (a block it failed to fetch, one read
+   outside the plan, one larger than its slots) comes from the memory source;
+3. else, before the first plan, and for good once the process did not start or ended, the memory
+   source alone.
 """
 from __future__ import annotations
 
@@ -26,11 +33,12 @@ import numpy as np
 
 from pipeline.errors import RemoteDataError
 from pipeline.formats.converted import Shard
-from pipeline.remote.block_cache import OpenBlocks, node_level
+from pipeline.remote.block_cache import OpenBlocks
+from pipeline.remote.block_fetcher import FetcherSettings
 from pipeline.remote.block_plan import BlockPlan, BlockReads, Visits, most_held
-from pipeline.remote.memory_blocks import MemoryBlocks
+from pipeline.remote.memory_blocks import MemoryBlocks, Streamed
 from pipeline.remote.read_ahead import FETCH_THREADS, ReadsAhead
-from pipeline.remote.shared_blocks import SharedBlocks
+from pipeline.remote.shared_blocks import FetchProcess, SharedBlocks
 
 if TYPE_CHECKING:
     from pipeline.remote.dataset import RemoteSource
@@ -55,10 +63,9 @@ class BlockSource(Protocol):
         """The bytes from `first` to `end` (offsets in its shard) of a block."""
 
     def read_ahead(self, plan: list[np.ndarray], start: int,
-                   following: Callable[[], list[np.ndarray]] | None = None) -> BlockSource:
+                   following: Callable[[], list[np.ndarray]] | None = None) -> None:
         """Starts fetching the blocks of plan[start:] in the background (stopping any earlier
-        read-ahead), and then those that `following()`, the next epoch's plan, reads first;
-        returns the source to read from now on."""
+        read-ahead), and then those that `following()`, the next epoch's plan, reads first."""
 
     def consumed(self, batch_index: int) -> None:
         """Batch `batch_index` of the plan has been handed out: the read-ahead may go further,
@@ -97,19 +104,104 @@ class SplitBlocks:
         return data
 
 
-def kept_blocks(split: SplitBlocks) -> BlockSource:
-    """Where a split's blocks are kept: on disk where it fits in the cache's limit and in the room
-    its disk has; else in memory, since on disk its blocks would be evicted before an epoch came
-    back to them."""
-    if split.plan.split_bytes > split.source.cache.limit or not _fits_on_disk(split):
-        return streamed(split)
-    return DiskBlocks(split)
+class SplitSources:
+    """Which source serves a split's blocks (`serving`), chosen as the module docstring says, and
+    the reads passed on to it."""
+
+    def __init__(self, split: SplitBlocks):
+        self.split = split
+        self.disk: DiskBlocks | None = DiskBlocks(split) if _keeps_on_disk(split) else None
+        self.memory: MemoryBlocks | None = None
+        self.fetch_process: FetchProcessBlocks | None = None
+        self._process: FetchProcess | None = None
+        if self.disk is None:
+            self._stream()
+        self.serving: BlockSource = self.disk or self.memory
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the split streams through memory, fetched again each epoch."""
+        return self.serving.in_memory
+
+    def _stream(self) -> None:
+        """From now on the split streams: the memory source, and the fetch process started."""
+        self.memory = MemoryBlocks(self.split.plan, self.split.fetch)
+        try:
+            self._process = FetchProcess()
+        except OSError as error:
+            log.warning("[loader] fetching in this process: the fetch process did not start (%s)", error)
+
+    def read_ahead(self, plan: list[np.ndarray], start: int, following=None) -> None:
+        """The epoch's source chosen, and its read-ahead started from batch `start`."""
+        self.serving.stop_read_ahead()
+        if self.disk is not None and self.split.plan.split_bytes > self.split.source.cache.limit:
+            # Its disk filled and the cache's limit was lowered below the split (`BlockCache`):
+            # keeping it would mean evicting each block before an epoch came back to it
+            cache = self.split.source.cache
+            log.log(cache.message_level, "%s: the split (%s MiB) no longer fits the room left on its disk: it "
+                    "streams through memory from now on", cache.root, f"{self.split.plan.split_bytes / MIB:,.0f}")
+            self.disk.stop_keeping()
+            self.disk = None
+            self._stream()
+        if self.disk is not None:
+            self.serving = self.disk
+        elif self._process is not None or self.fetch_process is not None:
+            self.serving = self._through_fetch_process(plan, start, following)
+            return
+        else:
+            self.serving = self.memory
+        self.serving.read_ahead(plan, start, following)
+
+    def _through_fetch_process(self, plan: list[np.ndarray], start: int, following) -> BlockSource:
+        """The fetch process's source, planned; the memory source where the process did not start or ended."""
+        if self.fetch_process is None:
+            self.fetch_process = FetchProcessBlocks(self.split, self.memory, self._process)
+            self._process = None
+        try:
+            self.fetch_process.read_ahead(plan, start, following)
+            return self.fetch_process
+        except OSError as error:
+            self._lost_fetch_process(error)
+        self.memory.read_ahead(plan, start, following)
+        return self.memory
+
+    def _lost_fetch_process(self, error: OSError) -> None:
+        if self.fetch_process is None or self.fetch_process.shared is None:
+            log.warning("[loader] fetching in this process: the fetch process did not start (%s)", error)
+        else:
+            log.warning("[loader] the fetch process ended (exit status %s); fetching in this process from here on",
+                        self.fetch_process.shared.process.poll())
+        for gone in (self.fetch_process, self._process):
+            if gone is not None:
+                gone.close()
+        self.fetch_process = self._process = None
+
+    def held(self, reads: BlockReads):
+        return self.serving.held(reads)
+
+    def read(self, block: int, first: int, end: int) -> bytes:
+        return self.serving.read(block, first, end)
+
+    def consumed(self, batch_index: int) -> None:
+        self.serving.consumed(batch_index)
+
+    def stop_read_ahead(self) -> None:
+        self.serving.stop_read_ahead()
+
+    def forget(self, block: int) -> None:
+        self.serving.forget(block)
+
+    def close(self) -> None:
+        for source in (self.disk, self.fetch_process, self.memory, self._process):
+            if source is not None:
+                source.close()
 
 
-def streamed(split: SplitBlocks) -> MemoryBlocks:
-    """The blocks of a split streamed through memory: by threads here until the first plan starts
-    the fetch process."""
-    return MemoryBlocks(split.plan, split.fetch, then=partial(FetchProcessBlocks, split))
+def _keeps_on_disk(split: SplitBlocks) -> bool:
+    """Whether the split's blocks are kept on disk: where it fits in the cache's limit and in the
+    room its disk has; else they stream through memory, since on disk they would be evicted before
+    an epoch came back to them."""
+    return split.plan.split_bytes <= split.source.cache.limit and _fits_on_disk(split)
 
 
 def _fits_on_disk(split: SplitBlocks) -> bool:
@@ -124,7 +216,7 @@ def _fits_on_disk(split: SplitBlocks) -> bool:
     missing = int(sum(size for name, size in zip(names, sizes.tolist()) if name not in held))
     if missing <= room:
         return True
-    log.log(node_level(), "%s: its disk has room for %s MiB (less a reserve for the run), the split needs %s MiB "
+    log.log(cache.message_level, "%s: its disk has room for %s MiB (less a reserve for the run), the split needs %s MiB "
             "more: it streams through memory, fetched again each epoch (data.cache_dir on a larger disk keeps it)",
             cache.root, f"{room / MIB:,.0f}", f"{missing / MIB:,.0f}")
     return False
@@ -160,38 +252,32 @@ class DiskBlocks(ReadsAhead):
         """Fetches a block a coming batch reads, unless a thread or process already has."""
         self.split.source.cache.get(self.split.name(block), partial(self.split.fetch, block))
 
-    def _cached(self, blocks: list[int]) -> set[int]:
+    def already_held(self, blocks: list[int]) -> set[int]:
         present = self.split.source.cache.present([self.split.name(block) for block in blocks])
         return {block for block in blocks if self.split.name(block) in present}
 
-    def read_ahead(self, plan: list[np.ndarray], start: int, following=None) -> BlockSource:
+    def read_ahead(self, plan: list[np.ndarray], start: int, following=None) -> None:
+        self._read_ahead(self.split.plan, plan, start, following)
+
+    def stop_keeping(self) -> None:
+        """The split streams from now on: no more read-ahead, and the files no batch holds closed."""
         self.stop_read_ahead()
-        cache = self.split.source.cache
-        if self.split.plan.split_bytes > cache.limit:
-            # Its disk filled and the cache's limit was lowered below the split (`BlockCache`):
-            # keeping it would mean evicting each block before an epoch came back to it
-            log.log(node_level(), "%s: the split (%s MiB) no longer fits the room left on its disk: it streams "
-                    "through memory from now on", cache.root, f"{self.split.plan.split_bytes / MIB:,.0f}")
-            self._open.close_unheld()
-            return streamed(self.split).read_ahead(plan, start, following)
-        self._read_ahead(self.split.plan, plan, start, following, self.prefetch, held=self._cached)
-        return self
+        self._open.close_unheld()
 
     def close(self) -> None:
         self.stop_read_ahead()
         self._open.close()
 
 
-class FetchProcessBlocks:
-    """Blocks in slots of the fetch process's memory (`SharedBlocks`), started at the first plan
+class FetchProcessBlocks(Streamed):
+    """Blocks in slots of the fetch process's memory (`SharedBlocks`), set up at the first plan
     with slots sized from it. What it does not give (a block it failed to fetch, one read outside
-    the plan, one larger than its slots, which threads here fetch ahead) comes from `memory`,
-    which replaces this source should the process not start or end."""
+    the plan, one larger than its slots, which threads here fetch ahead) comes from `memory`.
+    An OSError from planning means the process did not start or ended: `SplitSources` moves on."""
 
-    in_memory = True
-
-    def __init__(self, split: SplitBlocks, memory: MemoryBlocks):
-        self.split, self.memory = split, memory
+    def __init__(self, split: SplitBlocks, memory: MemoryBlocks, process: FetchProcess | None = None):
+        """`process`: the fetch process to set up at the first plan (None: one started then)."""
+        self.split, self.memory, self._process = split, memory, process
         self.shared: SharedBlocks | None = None
         self.visit_gap: int | None = None      # set at the first plan, kept: see `BlockPlan.epoch_visits`
         self._base, self._plan_length = 0, 0    # where this plan's batch 0 lies, counted across epochs
@@ -217,7 +303,8 @@ class FetchProcessBlocks:
         base = int(self.split.plan.block_start[block])
         return bytes(shared[first - base:end - base])
 
-    def read_ahead(self, plan: list[np.ndarray], start: int, following=None) -> BlockSource:
+    def read_ahead(self, plan: list[np.ndarray], start: int, following=None) -> None:
+        """Plans the fetch process from batch `start` on; an OSError where it did not start or ended."""
         self.stop_read_ahead()
         blocks = self.split.plan
         self._base, self._plan_length = self._base + self._plan_length, len(plan)
@@ -225,36 +312,25 @@ class FetchProcessBlocks:
         if self.visit_gap is None:     # one gap for every plan, so a visit fetched ahead is the next plan's
             self.visit_gap = window
         visits = blocks.epoch_visits(plan, start, following, self._base, self.visit_gap, window)
-        try:
-            if self.shared is None:
-                self.shared = self._started(visits, window)
-            left_out = self.shared.plan(visits, window, position=self._base + start - 1)
-        except OSError as error:     # it did not start, or it ended
-            self._gone(error)
-            self.memory.fetch_ahead(plan, start, following)
-            return self.memory
+        if self.shared is None:
+            self.shared = self._set_up(visits, window)
+        left_out = self.shared.plan(visits, window, position=self._base + start - 1)
         if left_out:     # blocks larger than its slots (a sample larger than the fetch size)
             self.memory.fetch_ahead(plan, start, following, only=left_out)
-        return self
 
-    def _started(self, visits: Visits, window: int) -> SharedBlocks:
-        """The fetch process, its slots sized from the first plan's visits."""
+    def _set_up(self, visits: Visits, window: int) -> SharedBlocks:
+        """The fetch process set up, its slots sized from the first plan's visits."""
         slots = int(most_held(visits.first, visits.last, window) * SPARE_SLOTS) + MOST_STREAMED_REQUESTS
         store, blocks = self.split.source.store, self.split.plan
-        return SharedBlocks(store.client_url, store.options, [shard.object_name for shard in self.split.shards],
-                            blocks.block_shard, blocks.block_start, blocks.block_end, blocks.block_bytes,
-                            slots, FETCH_THREADS, MOST_STREAMED_REQUESTS)
-
-    def _gone(self, error: OSError) -> None:
-        """The fetch process did not start, or ended under us (killed, out of memory): threads here
-        fetch from now on."""
-        if self.shared is None:
-            log.warning("[loader] fetching in this process: the fetch process did not start (%s)", error)
-            return
-        log.warning("[loader] the fetch process ended (exit status %s); fetching in this process from here on",
-                    self.shared.process.poll())
-        self._count()
-        self.shared.close()
+        settings = FetcherSettings(store.client_url, store.options, [shard.object_name for shard in self.split.shards],
+                                   blocks.block_shard, blocks.block_start, blocks.block_end, blocks.block_bytes,
+                                   slots, FETCH_THREADS, MOST_STREAMED_REQUESTS)
+        process, self._process = self._process or FetchProcess(), None
+        try:
+            return SharedBlocks(settings, process)
+        except OSError:
+            process.close()
+            raise
 
     def _count(self) -> None:
         self.split.source.store.count(*self.shared.counted())
@@ -267,11 +343,10 @@ class FetchProcessBlocks:
     def stop_read_ahead(self) -> None:
         self.memory.stop_read_ahead()
 
-    def forget(self, block: int) -> None:
-        pass                # streamed: every epoch fetches it again
-
     def close(self) -> None:
-        self.memory.close()
+        if self._process is not None:
+            self._process.close()
+            self._process = None
         if self.shared is not None:
             self._count()
             self.shared.close()

@@ -68,8 +68,9 @@ def remote_manifest(url: str, timeout_s: Optional[float] = None) -> tuple[dict, 
 
 
 def read_remote_converted(url: str, split: str, expected_format: str, cache_dir: Optional[str] = None,
-                          cache_limit=None, fetch_timeout: Optional[float] = None) -> ConvertedSplit:
-    """The manifest's view of one converted split at URL, its indexes in the cache."""
+                          cache_limit=None, fetch_timeout: Optional[float] = None, local_rank: int = 0) -> ConvertedSplit:
+    """The manifest's view of one converted split at URL, its indexes in the cache; `local_rank`:
+    this process's rank on its node (the first says what befalls the node's cache)."""
     manifest, raw, store = remote_manifest(url, fetch_timeout)
     kind, classes, record = split_record(manifest, store.shown, split, expected_format)
     root = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -82,7 +83,7 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
                             first, object_name=f"{split}/{entry['tar']}"))
         first += entry["count"]
     with _writing_cache(root, store):
-        cache = BlockCache(root, limit)
+        cache = BlockCache(root, limit, first_on_node=local_rank == 0)
         (folder / split).mkdir(parents=True, exist_ok=True)
         if not (folder / MANIFEST).exists():
             write_bytes_atomic(folder / MANIFEST, raw, durable=False)

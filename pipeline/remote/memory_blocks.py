@@ -40,18 +40,23 @@ class _Block:
     filled: bool = False        # ready, without a Future's lock: read per block, per batch
 
 
-class MemoryBlocks(ReadsAhead):
+class Streamed:
+    """A source a split streams through: every epoch fetches its blocks again, nothing is kept."""
+
+    in_memory = True
+
+    def forget(self, block: int) -> None:
+        pass                # a damaged block is fetched again by the next read of it anyway
+
+
+class MemoryBlocks(ReadsAhead, Streamed):
     """Fetched blocks by number. The read-ahead's bytes bound what is kept when no plan says when
     a block is done with (reads outside an epoch's plan): past them, the least recently used
     blocks that no reader holds are let go."""
 
-    in_memory = True
-
-    def __init__(self, blocks: BlockPlan, fetch: Callable[[int], memoryview],
-                 then: Callable[[MemoryBlocks], object] | None = None):
-        """fetch(block): its bytes; then(self), where given: the source that takes over at the
-        first plan (the fetch process, its slots sized from that plan), this one serving it."""
-        self.blocks, self._fetch, self._then = blocks, fetch, then
+    def __init__(self, blocks: BlockPlan, fetch: Callable[[int], memoryview]):
+        """fetch(block): its bytes."""
+        self.blocks, self._fetch = blocks, fetch
         self.most_bytes = blocks.ahead_bytes
         self.buffer_bytes = blocks.block_bytes  # a block's usual most; a larger one gets a buffer of its own
         self._free_buffers: list[np.ndarray] = []
@@ -64,21 +69,16 @@ class MemoryBlocks(ReadsAhead):
         self._unplanned: dict[int, None] = {}
         self._lock = threading.Lock()
 
-    def read_ahead(self, plan: list[np.ndarray], start: int, following=None):
-        """Plans the epoch from batch `start` on and fetches its blocks ahead; returns the source
-        to read from now on: this one, or at the first plan the one `then` makes."""
+    def read_ahead(self, plan: list[np.ndarray], start: int, following=None) -> None:
+        """Plans the epoch from batch `start` on and fetches its blocks ahead."""
         self.stop_read_ahead()
-        if self._then is not None:
-            then, self._then = self._then, None
-            return then(self).read_ahead(plan, start, following)
         self.plan_epoch(plan, start)
         self.fetch_ahead(plan, start, following)
-        return self
 
     def fetch_ahead(self, plan: list[np.ndarray], start: int, following=None, only: set[int] | None = None) -> None:
         """Fetches the blocks of plan[start:] (those in `only`, where given) ahead by threads, and
         those the next epoch reads first."""
-        self._read_ahead(self.blocks, plan, start, following, self.prefetch, keep=self.extend_plan, only=only)
+        self._read_ahead(self.blocks, plan, start, following, only)
 
     def plan_epoch(self, plan: list[np.ndarray], start: int) -> np.ndarray:
         """The epoch's plan from batch `start` on: blocks it does not read are let go now, the
@@ -92,7 +92,7 @@ class MemoryBlocks(ReadsAhead):
             self._unplanned = {block: None for block in self._blocks if block not in last_use}
         return order
 
-    def extend_plan(self, last_use: dict[int, int]) -> None:
+    def keep_for_next_epoch(self, last_use: dict[int, int]) -> None:
         """More of the plan (the next epoch's, its batch indices counted on from this one's)."""
         with self._lock:
             for block, index in last_use.items():
@@ -225,9 +225,6 @@ class MemoryBlocks(ReadsAhead):
         with self._lock:
             for block in [b for b, held in self._blocks.items() if not held.holders]:
                 self._drop(block)
-
-    def forget(self, block: int) -> None:
-        pass                # streamed: every epoch fetches it again
 
     def close(self) -> None:
         self.stop_read_ahead()

@@ -3,13 +3,15 @@ process: into the node's cache on disk, or into its own memory (`pipeline/remote
 
 When an epoch starts, the blocks of the coming batches are fetched in the order of their first
 use, FETCH_THREADS requests at once, a window of batches ahead of the batch being consumed
-(`BlockPlan.window`), so latency is hidden and what is held stays bounded.
+(`BlockPlan.window`), so latency is hidden and what is held stays bounded; then, as the epoch
+ends, those the next epoch reads first (as many as the read-ahead's bytes hold), so that it does
+not start by waiting.
 """
 from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -18,19 +20,29 @@ from pipeline.remote.block_plan import MIN_WINDOW, BlockPlan
 FETCH_THREADS = 16
 
 
+class FetchesAhead(Protocol):
+    """What a read-ahead fetches into: a block source (`ReadsAhead` gives the defaults)."""
+
+    def prefetch(self, block: int) -> None:
+        """Fetches a block unless it is held or on its way."""
+
+    def already_held(self, blocks: list[int]) -> set[int]:
+        """Which of the blocks are held already (they need nothing)."""
+
+    def keep_for_next_epoch(self, last_uses: dict[int, int]) -> None:
+        """The next epoch's first blocks (with their last use, its batches counted on from this
+        epoch's) are about to be fetched: they are to be kept past this epoch's end."""
+
+
 class ReadAhead:
     """Fetches a plan's blocks in the order of their first use, a window of batches ahead of the
     consumer. Its failures are dropped: the consumer fetches the block itself and reports them."""
 
     def __init__(self, blocks: BlockPlan, plan: list[np.ndarray], start: int,
-                 following: Callable[[], list[np.ndarray]] | None, prefetch: Callable[[int], None],
-                 held: Callable[[list[int]], set[int]] | None = None,
-                 keep: Callable[[dict[int, int]], None] | None = None, only: set[int] | None = None):
-        """prefetch(block) fetches a block unless it is held or on its way; held(blocks), where
-        given, says which are held already (they need nothing); keep(last uses), where given,
-        keeps the next epoch's first blocks past this epoch's end, which are then fetched ahead
-        too; only: the blocks to fetch, where not all of them."""
-        self.blocks, self.prefetch, self.held, self.keep, self.only = blocks, prefetch, held, keep, only
+                 following: Callable[[], list[np.ndarray]] | None, target: FetchesAhead, only: set[int] | None = None):
+        """following(): the next epoch's plan, whose first blocks are fetched as this one ends;
+        only: the blocks to fetch, where not all of them."""
+        self.blocks, self.target, self.only = blocks, target, only
         self.position = start
         self.stopped = False
         self.on_next_epoch = False        # submitting the next epoch's blocks: stopping lets those run
@@ -48,26 +60,25 @@ class ReadAhead:
         return list(zip(first.tolist(), order.tolist()))
 
     def _wanted(self, firsts: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        return firsts if self.only is None else [(index, block) for index, block in firsts if block in self.only]
+        """Those of the (batch, block) to fetch: in `only`, where given, and not held already."""
+        if self.only is not None:
+            firsts = [(index, block) for index, block in firsts if block in self.only]
+        held = self.target.already_held([block for _, block in firsts])
+        return [(index, block) for index, block in firsts if block not in held] if held else firsts
 
     def _run(self, plan: list[np.ndarray], start: int, following) -> None:
         # Here, not in the consumer's thread: a walk over the whole plan, at each epoch's start
         firsts = self._first_uses(plan[start:], start)
         self.window = self.blocks.window(np.array([block for _, block in firsts], np.int64), len(plan) - start)
-        firsts = self._wanted(firsts)
-        if self.held is not None:
-            held = self.held([block for _, block in firsts])
-            firsts = [(index, block) for index, block in firsts if block not in held]
-        if not self._submit(firsts):
+        if not self._submit(self._wanted(firsts)) or following is None:
             return
-        if following is not None and self.keep is not None:
-            # The blocks the next epoch reads first, kept past this epoch's end; its batch i is batch
-            # len(plan) + i of this plan, so the window reaches them only as this epoch ends. A block
-            # it reads later is let go after its last use here.
-            firsts = self.blocks.next_epoch_firsts(self._wanted(self._first_uses(following()[:self.window], len(plan))))
-            self.keep({block: index for index, block in firsts})
-            self.on_next_epoch = True
-            self._submit(firsts)
+        # The blocks the next epoch reads first, kept past this epoch's end; its batch i is batch
+        # len(plan) + i of this plan, so the window reaches them only as this epoch ends. A block
+        # it reads later is let go after its last use here.
+        firsts = self.blocks.next_epoch_firsts(self._wanted(self._first_uses(following()[:self.window], len(plan))))
+        self.target.keep_for_next_epoch({block: index for index, block in firsts})
+        self.on_next_epoch = True
+        self._submit(firsts)
 
     def _submit(self, firsts) -> bool:
         """Submits each block's fetch once the consumer is within the window of its batch; False if stopped."""
@@ -83,7 +94,7 @@ class ReadAhead:
         if self.stopped and not self.on_next_epoch:
             return
         try:
-            self.prefetch(block)
+            self.target.prefetch(block)
         except Exception:   # noqa: BLE001 - the consumer meets it again and reports it
             pass
 
@@ -106,9 +117,19 @@ class ReadsAhead:
 
     _reader: ReadAhead | None = None
 
-    def _read_ahead(self, *args, **options) -> None:
+    def _read_ahead(self, blocks: BlockPlan, plan: list[np.ndarray], start: int, following=None,
+                    only: set[int] | None = None) -> None:
         self.stop_read_ahead()
-        self._reader = ReadAhead(*args, **options)
+        self._reader = ReadAhead(blocks, plan, start, following, self, only)
+
+    def prefetch(self, block: int) -> None:
+        raise NotImplementedError
+
+    def already_held(self, blocks: list[int]) -> set[int]:
+        return set()
+
+    def keep_for_next_epoch(self, last_uses: dict[int, int]) -> None:
+        pass
 
     def consumed(self, batch_index: int) -> None:
         if self._reader is not None:

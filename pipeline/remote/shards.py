@@ -8,8 +8,8 @@ decode engine reads it from there as it reads a tar, so the batches are bit for 
 same shards on local disk.
 
 Where the blocks are kept, and how they are fetched ahead of the batches that read them, is the
-block source's (`pipeline/remote/block_sources.py`): the node's cache on disk for a split that fits
-in it, memory for a larger one, which streams through it, fetched again each epoch. When an epoch
+block sources' (`pipeline/remote/block_sources.py`, which chooses): the node's cache on disk for a
+split that fits in it, memory for a larger one, which streams through it, fetched again each epoch. When an epoch
 starts, the blocks of the coming batches are fetched in the order of their first use, several
 requests at once, at most `ahead_bytes` ahead of the batch being consumed, so latency is hidden
 and the cache is never flooded.
@@ -26,7 +26,7 @@ from pipeline.decode import engine as decode_engine
 from pipeline.errors import FAILS_CHECKSUM, CorruptSample
 from pipeline.formats.converted import Shard
 from pipeline.remote.block_plan import BLOCK_BYTES, MIN_WINDOW, BlockPlan
-from pipeline.remote.block_sources import MOST_STREAMED_REQUESTS, BlockSource, SplitBlocks, kept_blocks
+from pipeline.remote.block_sources import MOST_STREAMED_REQUESTS, SplitBlocks, SplitSources
 from pipeline.remote.read_ahead import FETCH_THREADS
 from pipeline.shards.index import StoredShards
 from pipeline.spec import parse_size
@@ -51,17 +51,17 @@ class RemoteShards(StoredShards):
                                            self.ahead_bytes, reads_ahead)
         self.block_of, self.block_start, self.block_end = plan.block_of, plan.block_start, plan.block_end
         self.block_shard, self.split_bytes = plan.block_shard, plan.split_bytes
-        self.blocks: BlockSource = kept_blocks(SplitBlocks(plan, shards, source))
+        self.sources = SplitSources(SplitBlocks(plan, shards, source))
 
     @property
     def in_memory(self) -> bool:
         """Whether the split streams through memory, fetched again each epoch."""
-        return self.blocks.in_memory
+        return self.sources.in_memory
 
     @contextmanager
     def located(self, ids: np.ndarray):
         reads = self.block_plan.reads(ids)
-        with self.blocks.held(reads) as (fds, bases):
+        with self.sources.held(reads) as (fds, bases):
             base = self.block_start[self.block_of[ids]]
             members = self.members[ids]
             yield decode_engine.StoredSamples(ids, fds[reads.which], members[:, 0] - base, members[:, 1],
@@ -71,7 +71,7 @@ class RemoteShards(StoredShards):
     def read(self, sample_id: int) -> tuple[bytes, int]:
         image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
         first, end = min(image_at, label_at), max(image_at + image_size, label_at + 4)
-        chunk = self.blocks.read(int(self.block_of[sample_id]), first, end)
+        chunk = self.sources.read(int(self.block_of[sample_id]), first, end)
         try:
             return self.checked(sample_id, chunk, image_at - first, image_size, label_at - first)
         except CorruptSample:
@@ -86,7 +86,7 @@ class RemoteShards(StoredShards):
         image_at, image_size, label_at = (int(v) for v in self.members[sample_id])
         first, end = min(image_at, label_at), max(image_at + image_size, label_at + 4)
         shard = self.shards[int(self.shard_of[sample_id])]
-        self.blocks.forget(int(self.block_of[sample_id]))
+        self.sources.forget(int(self.block_of[sample_id]))
         for attempt in range(1, HEALING_FETCHES + 1):
             chunk = bytes(self.source.store.read_ranges(shard.object_name, [(first, end)])[0])   # sent to workers
             try:
@@ -104,19 +104,19 @@ class RemoteShards(StoredShards):
         """Starts fetching the blocks of plan[start:] in the background (stopping any earlier
         read-ahead), and then those that `following()`, the next epoch's plan, reads first, so that
         an epoch streamed through memory starts without waiting."""
-        self.blocks = self.blocks.read_ahead(plan, start, following)
+        self.sources.read_ahead(plan, start, following)
 
     def consumed(self, batch_index: int) -> None:
         """Batch `batch_index` of the plan has been handed out: the read-ahead may go further,
         and in memory the blocks no later batch reads are let go."""
-        self.blocks.consumed(batch_index)
+        self.sources.consumed(batch_index)
 
     def stop_read_ahead(self) -> None:
-        self.blocks.stop_read_ahead()
+        self.sources.stop_read_ahead()
 
     def close(self) -> None:
-        if getattr(self, "blocks", None) is not None:
-            self.blocks.close()
+        if getattr(self, "sources", None) is not None:
+            self.sources.close()
         super().close()
 
     __del__ = close

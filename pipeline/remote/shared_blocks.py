@@ -2,6 +2,10 @@
 (`pipeline/remote/block_fetcher.py`) into memory shared with this one. Here: starting it, giving it each
 epoch's plan and the loader's position, and the addresses of the blocks a batch reads.
 
+The process is started (`FetchProcess`) as soon as the split is known to stream, before its first
+plan sizes its memory: its interpreter and libraries load while the loader builds and plans, not
+while the first batch waits.
+
 A batch's blocks are found by their state in shared memory: no lock, no thread, no message.
 A block the fetcher has not got is waited for while it is on its way; one it failed to fetch,
 one larger than a slot, or one not in the plan (or all of them, should the fetcher die) is left to
@@ -23,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -30,7 +35,7 @@ import numpy as np
 
 from pipeline.remote import block_fetcher
 from pipeline.remote.block_fetcher import (ABSENT, BYTES, FETCHING, HEADER_WORDS, LOADER_WAITS, PEAK_BYTES, PEAK_IN_FLIGHT,
-                                    POSITION, READY, REQUESTS)
+                                           POSITION, READY, REQUESTS, FetcherSettings)
 from pipeline.remote.block_plan import Visits, most_held
 
 FETCHER = Path(block_fetcher.__file__)
@@ -39,45 +44,73 @@ ISSUE_PATIENCE_S = 2        # for it to begin fetching a block of the plan it ha
 OTHER_VISIT = -4            # a state seen here only: the block is held for other bytes than those read
 
 
-class SharedBlocks:
-    def __init__(self, url: str, store_options: dict, names: list[str], block_shard: np.ndarray,
-                 block_start: np.ndarray, block_end: np.ndarray, slot_bytes: int, slots: int, least_in_flight: int,
-                 most_in_flight: int):
-        self.slot_bytes, self.slots = slot_bytes, slots
-        self.block_sizes = block_end - block_start
+class FetchProcess:
+    """The fetch process, started with its shared memory still empty: `SharedBlocks` sizes it and
+    sets the process up once the first plan says how many slots it needs."""
+
+    def __init__(self):
         self._pid = os.getpid()
-        self._memory_fd = os.memfd_create("fastpipe-blocks", os.MFD_CLOEXEC)
-        spans_at, states_at, arena_at, total = block_fetcher.layout(len(block_start), slots, slot_bytes)
-        os.ftruncate(self._memory_fd, total)
-        self._memory = mmap.mmap(self._memory_fd, total)
-        self.header = np.ndarray(HEADER_WORDS, np.int64, self._memory, 0)
-        self.span = np.ndarray((len(block_start), 2), np.int64, self._memory, spans_at)
-        self.state = np.ndarray(len(block_start), np.int32, self._memory, states_at)
-        self.state[:] = ABSENT
-        self._arena = np.ndarray(slots * slot_bytes, np.uint8, self._memory, arena_at)
-        self.arena_address = self._arena.ctypes.data
-        self.planned = np.zeros(len(block_start), bool)
+        self.memory_fd = os.memfd_create("fastpipe-blocks", os.MFD_CLOEXEC)
         ours, theirs = socket.socketpair()
-        self._control = Connection(ours.detach())
-        wake_read, self._wake = os.pipe()
-        os.set_blocking(self._wake, False)
-        fds = (theirs.fileno(), wake_read, self._memory_fd)
+        self.control = Connection(ours.detach())
+        wake_read, self.wake = os.pipe()
+        os.set_blocking(self.wake, False)
+        fds = (theirs.fileno(), wake_read, self.memory_fd)
         try:
             self.process = subprocess.Popen([sys.executable, "-P", str(FETCHER), *map(str, fds)], pass_fds=fds,
                                             stdin=subprocess.DEVNULL, close_fds=True)
         except OSError:
-            self._control.close()
-            os.close(self._wake)
-            os.close(self._memory_fd)
+            self.control.close()
+            os.close(self.wake)
+            os.close(self.memory_fd)
             raise
         finally:      # the process's copies: ours would keep its end of each open
             theirs.close()
             os.close(wake_read)
-        self._control.send(("setup", dict(url=url, store_options=store_options, names=names,
-                                           block_shard=block_shard, block_start=block_start, block_end=block_end,
-                                           slot_bytes=slot_bytes, least_in_flight=least_in_flight,
-                                           most_in_flight=most_in_flight, slots=slots)))
-        self._started = time.monotonic()
+        self.started = time.monotonic()
+        self.closed = False
+
+    def close(self) -> None:
+        """Stops the process (told to, else killed after 5 s) and closes this end of everything shared."""
+        if os.getpid() != self._pid or self.closed:      # a forked child's copy: not its to close
+            return
+        self.closed = True
+        try:
+            self.control.send(("stop",))
+        except OSError:       # it ended already
+            pass
+        self.control.close()
+        os.close(self.wake)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        os.close(self.memory_fd)
+
+
+class SharedBlocks:
+    def __init__(self, settings: FetcherSettings, process: FetchProcess | None = None):
+        """Sets `process` (default: one started now) up to fetch the blocks `settings` describe."""
+        self.fetch_process = process or FetchProcess()
+        self.process = self.fetch_process.process
+        self.slot_bytes, self.slots = settings.slot_bytes, settings.slots
+        self.block_sizes = settings.block_end - settings.block_start
+        self._pid = os.getpid()
+        blocks = len(settings.block_start)
+        spans_at, states_at, arena_at, total = block_fetcher.layout(blocks, self.slots, self.slot_bytes)
+        os.ftruncate(self.fetch_process.memory_fd, total)
+        self._memory = mmap.mmap(self.fetch_process.memory_fd, total)
+        self.header = np.ndarray(HEADER_WORDS, np.int64, self._memory, 0)
+        self.span = np.ndarray((blocks, 2), np.int64, self._memory, spans_at)
+        self.state = np.ndarray(blocks, np.int32, self._memory, states_at)
+        self.state[:] = ABSENT
+        self._arena = np.ndarray(self.slots * self.slot_bytes, np.uint8, self._memory, arena_at)
+        self.arena_address = self._arena.ctypes.data
+        self.planned = np.zeros(blocks, bool)
+        self._control, self._wake = self.fetch_process.control, self.fetch_process.wake
+        self._control.send(("setup", asdict(settings)))
+        self._started = self.fetch_process.started
         self._counted = (0, 0)
 
     @property
@@ -187,21 +220,10 @@ class SharedBlocks:
     def close(self) -> None:
         if os.getpid() != self._pid or self._memory is None:      # a forked child's copy: not its to close
             return
-        try:
-            self._control.send(("stop",))
-        except OSError:       # it ended already
-            pass
-        self._control.close()
-        os.close(self._wake)
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        self.fetch_process.close()
         self.header = self.state = self._arena = None
         try:
             self._memory.close()
         except BufferError:      # a view of a block is still held somewhere: the mapping goes with it
             pass
         self._memory = None
-        os.close(self._memory_fd)
