@@ -24,7 +24,7 @@ from benchmarks.hardware import add_results_options, append_results, cpu_words, 
 from benchmarks.loopback_servers import Nginx
 from pipeline.storage.object_store import open_store
 from pipeline.remote.block_plan import BLOCK_BYTES
-from pipeline.remote.shards import FETCH_THREADS, MOST_STREAMED_REQUESTS
+from pipeline.remote.shards import LEAST_STREAMED_REQUESTS, MOST_STREAMED_REQUESTS
 from pipeline.remote.block_fetcher import FetcherSettings
 from pipeline.remote.shared_blocks import SharedBlocks, Visits
 
@@ -36,7 +36,7 @@ def stream(url: str, blocks: int, most_in_flight: int) -> tuple[float, int]:
     starts = np.arange(blocks, dtype=np.int64) * BLOCK_BYTES
     store = open_store(url)
     shared = SharedBlocks(FetcherSettings(store.client_url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts,
-                          starts + BLOCK_BYTES, BLOCK_BYTES, WINDOW + most_in_flight, FETCH_THREADS, most_in_flight))
+                          starts + BLOCK_BYTES, BLOCK_BYTES, WINDOW + most_in_flight, LEAST_STREAMED_REQUESTS, most_in_flight))
     try:
         order = np.arange(blocks, dtype=np.int64)
         shared.plan(Visits(order, order + 1, order + 1, starts, starts + BLOCK_BYTES), WINDOW, 0)   # block i: batch i + 1
@@ -67,7 +67,7 @@ def main() -> None:
         for latency_ms in map(float, args.latency_ms.split(",")):
             server = Nginx(root / "served", root / f"nginx-{latency_ms:g}", delay_ms=latency_ms)
             try:
-                for most in (FETCH_THREADS, MOST_STREAMED_REQUESTS):
+                for most in (LEAST_STREAMED_REQUESTS, MOST_STREAMED_REQUESTS):
                     mib_per_s, peak = stream(server.url, args.mib, most)
                     rows.append({"benchmark": "fetch_ceiling", "latency_ms": latency_ms, "block_bytes": BLOCK_BYTES,
                                  "most_in_flight": most, "peak_in_flight": peak, "mib_per_s": round(mib_per_s, 1)})

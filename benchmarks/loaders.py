@@ -13,6 +13,8 @@ an up-to-date output) under `--cache`:
   and is the faster of the two);
 - `wds-plain`: the same with --no-restart-markers, the photos' own bytes (`webdataset-plain`:
   the engine where it must entropy-decode every MCU above and beside a crop);
+- `wds-shards`: the same in shards of 4 MB (`webdataset-shards`: a split of many shards, as a URL's
+  first epoch is measured on too);
 - `ffcv`: tools/convert_ffcv.py --write-mode jpg, max side 512: the same pixels, re-encoded
   at quality 90 (FFCV always re-encodes);
 - `ffcv-proportion`: FFCV's recommended storage, half the images as raw pixels and half as
@@ -81,6 +83,7 @@ from pipeline.datasets import REMOTE_BACKENDS
 CONFIGURATIONS = {
     "folder": ("folder", "raw"), "webdataset": ("webdataset", "wds"), "webdataset-pillow": ("webdataset", "wds"),
     "webdataset-plain": ("webdataset", "wds-plain"), "webdataset-unverified": ("webdataset", "wds"),
+    "webdataset-shards": ("webdataset", "wds-shards"),
     "ffcv": ("ffcv", "ffcv"),
     "ffcv-proportion": ("ffcv", "ffcv-proportion"), "ffcv-bare": ("ffcv-bare", "ffcv"),
     "dali-folder": ("dali", "raw"), "dali-wds": ("dali", "wds"), "dali-wds-unverified": ("dali", "wds"),
@@ -96,6 +99,8 @@ CONVERSIONS = {
     "wds": ("convert_wds.py", ["--max-resolution", "512"], "wds, max side 512 (photos kept at their size)"),
     "wds-plain": ("convert_wds.py", ["--max-resolution", "512", "--no-restart-markers"],
                   "wds, max side 512, no restart markers (the photos' own bytes)"),
+    "wds-shards": ("convert_wds.py", ["--max-resolution", "512", "--shard-size-mb", "4"],
+                   "wds, max side 512, shards of 4 MB (a split of many shards)"),
     "ffcv": ("convert_ffcv.py", ["--write-mode", "jpg", "--max-resolution", "512"],
              "ffcv jpg q90, max side 512 (same pixels, re-encoded)"),
     "ffcv-proportion": ("convert_ffcv.py", ["--write-mode", "proportion", "--compress-probability", "0.5",

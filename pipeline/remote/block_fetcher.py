@@ -168,8 +168,12 @@ class Fetcher:
                 self._let_go(block)
         self._measure()
         blocks, first, last, start, end = self.visits
-        while (self.next < len(blocks) and first[self.next] <= position + self.window
-               and self.in_flight < self.allowed_in_flight and self.free):
+        while self.next < len(blocks) and first[self.next] <= position + self.window and self.free:
+            # What the loader's next batch reads it waits for now: asked for beyond the allowance
+            # (a first batch reads a block of every lane of the plan at once)
+            urgent = first[self.next] <= position + 1
+            if self.in_flight >= (self.most_in_flight if urgent else self.allowed_in_flight):
+                break
             block, visit = int(blocks[self.next]), self.next
             if block in self.slot_of:
                 held_start, held_end = self.held[block]

@@ -37,14 +37,15 @@ from pipeline.remote.block_cache import OpenBlocks
 from pipeline.remote.block_fetcher import FetcherSettings
 from pipeline.remote.block_plan import BlockPlan, BlockReads, Visits, most_held
 from pipeline.remote.memory_blocks import MemoryBlocks, Streamed
-from pipeline.remote.read_ahead import FETCH_THREADS, ReadsAhead
+from pipeline.remote.read_ahead import ReadsAhead
 from pipeline.remote.shared_blocks import FetchProcess, SharedBlocks
 
 if TYPE_CHECKING:
     from pipeline.remote.dataset import RemoteSource
 
 MIB = 1 << 20
-MOST_STREAMED_REQUESTS = 64    # in flight from the fetch process, where the round trip needs them
+LEAST_STREAMED_REQUESTS = 16   # in flight from the fetch process at least, and at most where the round trip needs them
+MOST_STREAMED_REQUESTS = 64
 OPEN_BLOCKS = 512              # block files kept open when no batch holds them
 SPARE_SLOTS = 1.25             # over the first plan's most blocks held: later epochs' shuffles differ
 
@@ -324,7 +325,7 @@ class FetchProcessBlocks(Streamed):
         store, blocks = self.split.source.store, self.split.plan
         settings = FetcherSettings(store.client_url, store.options, [shard.object_name for shard in self.split.shards],
                                    blocks.block_shard, blocks.block_start, blocks.block_end, blocks.block_bytes,
-                                   slots, FETCH_THREADS, MOST_STREAMED_REQUESTS)
+                                   slots, LEAST_STREAMED_REQUESTS, MOST_STREAMED_REQUESTS)
         process, self._process = self._process or FetchProcess(), None
         try:
             return SharedBlocks(settings, process)

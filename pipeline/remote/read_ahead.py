@@ -17,7 +17,7 @@ import numpy as np
 
 from pipeline.remote.block_plan import MIN_WINDOW, BlockPlan
 
-FETCH_THREADS = 16
+FETCH_THREADS = 64      # requests at once at most: an epoch's first batch reads a block of every lane
 
 
 class FetchesAhead(Protocol):

@@ -26,12 +26,11 @@ from pipeline.decode import engine as decode_engine
 from pipeline.errors import FAILS_CHECKSUM, CorruptSample
 from pipeline.formats.converted import Shard
 from pipeline.remote.block_plan import BLOCK_BYTES, MIN_WINDOW, BlockPlan
-from pipeline.remote.block_sources import MOST_STREAMED_REQUESTS, SplitBlocks, SplitSources
-from pipeline.remote.read_ahead import FETCH_THREADS
+from pipeline.remote.block_sources import LEAST_STREAMED_REQUESTS, MOST_STREAMED_REQUESTS, SplitBlocks, SplitSources
 from pipeline.shards.index import StoredShards
 from pipeline.spec import parse_size
 
-__all__ = ["RemoteShards", "FETCH_THREADS", "MOST_STREAMED_REQUESTS"]   # the last two: the fetch-ceiling benchmark imports them from here
+__all__ = ["RemoteShards", "LEAST_STREAMED_REQUESTS", "MOST_STREAMED_REQUESTS"]   # the last two: the fetch-ceiling benchmark imports them from here
 
 AHEAD_BYTES = 256 << 20        # at most; a quarter of the cache's limit where that is less
 HEALING_FETCHES = 3            # a sample failing its checksum is fetched again at most this many times
