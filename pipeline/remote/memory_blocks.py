@@ -46,7 +46,7 @@ class Streamed:
     in_memory = True
 
     def forget(self, block: int) -> None:
-        pass                # a damaged block is fetched again by the next read of it anyway
+        pass                # nothing kept: the next epoch fetches it again
 
 
 class MemoryBlocks(ReadsAhead, Streamed):
