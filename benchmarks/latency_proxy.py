@@ -261,7 +261,11 @@ class _Side(asyncio.Protocol):
                     setattr(proxy, self.counter, getattr(proxy, self.counter) + len(item))
             elif item == _EOF:
                 if not out.is_closing() and out.can_write_eof():
-                    out.write_eof()
+                    try:
+                        out.write_eof()
+                    except OSError:        # the peer reset the connection meanwhile: nothing left to end
+                        out.abort()
+                        continue
                     self.peer.sent_eof = True
                     if self.peer.got_eof:
                         out.close()

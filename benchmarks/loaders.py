@@ -50,7 +50,7 @@ epoch streams as a dataset larger than a node's disk does (through memory, nothi
 disk; the bytes fetched per epoch show it), or with `--remote-cache kept` twice the split, so
 that the first epoch (the warm-up) fills the cache and later ones read it. Also recorded then:
 its img/s as a share of local disk's, and its first epoch's, the bytes and requests fetched per
-epoch against the bytes of the samples read (each from its image to its label in the shard),
+epoch (and in the first) against the bytes of the samples read (each from its image to its label in the shard),
 the time from building the loader to its first batch, and the CPU time per epoch of the fetch
 process and of the servers on this machine (nginx, the latency proxy, moto), with which a
 loopback figure here shares the cores, as a node reading a real store does not (on loopback, a
@@ -191,7 +191,8 @@ def measure(config: dict) -> dict:
         starts, ends = sample_spans(loader.stored.members)
         last_epoch = loader.stored.epoch_batches(loader.spec, config["epochs"])     # webdataset's and DALI's source's
         read = int((ends - starts)[np.concatenate(last_epoch)].sum())
-        figures.update(fetched_bytes_per_epoch=statistics.median(fetched[1:]),
+        figures.update(fetched_bytes_per_epoch=statistics.median(fetched[1:]), first_epoch_fetched_bytes=fetched[0],
+                       first_epoch_requests=requests[0],
                        requests_per_epoch=statistics.median(requests[1:]), sample_bytes_per_epoch=read,
                        cache_limit=config["options"]["cache_limit"], streamed_in_memory=loader.stored.in_memory,
                        fetch_size=loader.stored.block_bytes,
@@ -400,7 +401,9 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                               f"{figures['fetched_bytes_per_epoch'] / 2**20:.1f} MiB in {figures['requests_per_epoch']:.0f} "
                               f"requests for {figures['sample_bytes_per_epoch'] / 2**20:.1f} MiB of samples; "
                               f"first batch {figures['first_batch_seconds']:.2f} s; first epoch "
-                              f"{figures.get('first_epoch_share_of_local', float('nan')):.2f}x local; CPU-s per epoch: "
+                              f"{figures.get('first_epoch_share_of_local', float('nan')):.2f}x local, "
+                              f"{figures['first_epoch_fetched_bytes'] / 2**20:.1f} MiB in "
+                              f"{figures['first_epoch_requests']} requests; CPU-s per epoch: "
                               f"fetch process {figures['fetch_process_cpu_s_per_epoch']:.2f}, "
                               f"server here {figures['server_cpu_s_per_epoch']:.2f}")
                     if "engine_us_per_image" in figures:

@@ -35,7 +35,7 @@ from pipeline.storage.errors import RemoteNotFound
 from pipeline.storage.staged_file import stage_file
 
 DEFAULT_CACHE_LIMIT = "16GiB"
-INDEX_FETCHES = 16        # .idx files fetched at once: a dataset has hundreds, each a round trip
+INDEX_FETCHES = 128       # .idx and .crc32 files fetched at once: a dataset has hundreds, each a round trip
 FETCHES = 3               # answers asked for a file whose sha256 differs from the manifest's
 
 
