@@ -345,8 +345,8 @@ def test_the_fetch_process_raises_its_requests_to_cover_the_round_trip(tmp_path)
     server = Nginx(tmp_path / "served", tmp_path / "nginx", delay_ms=50)
     store = open_store(server.url)
     starts = np.arange(blocks, dtype=np.int64) * block
-    shared = SharedBlocks(FetcherSettings(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts, starts + block,
-                          block, 256, 16, 48))
+    shared = SharedBlocks(FetcherSettings(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts,
+                                          starts + block, block, 256, 16, 48))
     try:
         order = np.arange(blocks, dtype=np.int64)
         shared.plan(Visits(order, order + 1, order + 1, starts, starts + block), 128, 0)    # block i read by batch i + 1
@@ -444,8 +444,8 @@ def test_the_fetch_process_fetches_each_visit_and_lets_the_block_go_between(tmp_
     server = Nginx(tmp_path / "served", tmp_path / "nginx")
     store = open_store(server.url)
     starts = np.arange(blocks, dtype=np.int64) * block
-    shared = SharedBlocks(FetcherSettings(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts, starts + block,
-                          block, 64, 16, 16))
+    shared = SharedBlocks(FetcherSettings(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts,
+                                          starts + block, block, 64, 16, 16))
     # (block, first batch, last batch, first byte, end byte): block 0's first quarter read by batch 0,
     # its second half by batch 30; block 1's halves by batches 1-10 and 12; block i by batch i
     planned = sorted([(0, 0, 0, 0, block // 4), (0, 30, 30, block // 2, block), (1, 1, 10, block, block * 3 // 2),

@@ -16,9 +16,10 @@ interpreter and libraries load while the loader builds and plans its first epoch
   ("plan", blocks, first use, last use, first byte, end byte, window) (its visits, in the order of
   their first use: `block_plan.Visits`), ("stop",) or end of file;
 - WAKE, a pipe the loader writes a byte to when its position moves;
-- MEMORY, a memfd, sized by the loader before the setup and laid out by `layout`: a header of int64 words (the loader's position, written
-  by it; the counters, written here), the span of bytes of each block fetched last (first, end),
-  the state of each block (ABSENT, FETCHING, FAILED, or the slot holding it) and the slots.
+- MEMORY, a memfd, sized by the loader before the setup and laid out by `layout`: a header of
+  int64 words (the loader's position, written by it; the counters, written here), the span of
+  bytes of each block fetched last (first, end), the state of each block (ABSENT, FETCHING,
+  FAILED, or the slot holding it) and the slots.
 
 Positions and batch indices are counted on across epochs, so the next epoch's first blocks can
 be fetched while this one ends. A block whose fetch failed is FAILED: the loader fetches it
