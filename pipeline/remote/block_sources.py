@@ -114,7 +114,6 @@ class SplitSources:
         self.disk: DiskBlocks | None = DiskBlocks(split) if _keeps_on_disk(split) else None
         self.memory: MemoryBlocks | None = None
         self.fetch_process: FetchProcessBlocks | None = None
-        self._process: FetchProcess | None = None
         if self.disk is None:
             self._stream()
         self.serving: BlockSource = self.disk or self.memory
@@ -128,9 +127,9 @@ class SplitSources:
         """From now on the split streams: the memory source, and the fetch process started."""
         self.memory = MemoryBlocks(self.split.plan, self.split.fetch)
         try:
-            self._process = FetchProcess()
+            self.fetch_process = FetchProcessBlocks(self.split, self.memory, FetchProcess())
         except OSError as error:
-            log.warning("[loader] fetching in this process: the fetch process did not start (%s)", error)
+            self._lost_fetch_process(error)
 
     def read_ahead(self, plan: list[np.ndarray], start: int, following=None) -> None:
         """The epoch's source chosen, and its read-ahead started from batch `start`."""
@@ -144,38 +143,31 @@ class SplitSources:
             self.disk.stop_keeping()
             self.disk = None
             self._stream()
-        if self.disk is not None:
-            self.serving = self.disk
-        elif self._process is not None or self.fetch_process is not None:
-            self.serving = self._through_fetch_process(plan, start, following)
-            return
-        else:
-            self.serving = self.memory
-        self.serving.read_ahead(plan, start, following)
+        self.serving = self.disk or self._planned_fetch_process(plan, start, following) or self.memory
+        if self.serving is not self.fetch_process:
+            self.serving.read_ahead(plan, start, following)
 
-    def _through_fetch_process(self, plan: list[np.ndarray], start: int, following) -> BlockSource:
-        """The fetch process's source, planned; the memory source where the process did not start or ended."""
+    def _planned_fetch_process(self, plan: list[np.ndarray], start: int, following) -> FetchProcessBlocks | None:
+        """The fetch process's source with this epoch's plan; None where there is none, or it did not
+        start or ended."""
         if self.fetch_process is None:
-            self.fetch_process = FetchProcessBlocks(self.split, self.memory, self._process)
-            self._process = None
+            return None
         try:
             self.fetch_process.read_ahead(plan, start, following)
-            return self.fetch_process
         except OSError as error:
             self._lost_fetch_process(error)
-        self.memory.read_ahead(plan, start, following)
-        return self.memory
+        return self.fetch_process
 
     def _lost_fetch_process(self, error: OSError) -> None:
+        """One line on why threads here fetch from now on; the fetch process closed."""
         if self.fetch_process is None or self.fetch_process.shared is None:
             log.warning("[loader] fetching in this process: the fetch process did not start (%s)", error)
         else:
             log.warning("[loader] the fetch process ended (exit status %s); fetching in this process from here on",
                         self.fetch_process.shared.process.poll())
-        for gone in (self.fetch_process, self._process):
-            if gone is not None:
-                gone.close()
-        self.fetch_process = self._process = None
+        if self.fetch_process is not None:
+            self.fetch_process.close()
+        self.fetch_process = None
 
     def held(self, reads: BlockReads):
         return self.serving.held(reads)
@@ -193,7 +185,7 @@ class SplitSources:
         self.serving.forget(block)
 
     def close(self) -> None:
-        for source in (self.disk, self.fetch_process, self.memory, self._process):
+        for source in (self.disk, self.fetch_process, self.memory):
             if source is not None:
                 source.close()
 
@@ -276,8 +268,8 @@ class FetchProcessBlocks(Streamed):
     the plan, one larger than its slots, which threads here fetch ahead) comes from `memory`.
     An OSError from planning means the process did not start or ended: `SplitSources` moves on."""
 
-    def __init__(self, split: SplitBlocks, memory: MemoryBlocks, process: FetchProcess | None = None):
-        """`process`: the fetch process to set up at the first plan (None: one started then)."""
+    def __init__(self, split: SplitBlocks, memory: MemoryBlocks, process: FetchProcess):
+        """`process`: the fetch process, started, to set up at the first plan."""
         self.split, self.memory, self._process = split, memory, process
         self.shared: SharedBlocks | None = None
         self.visit_gap: int | None = None      # set at the first plan, kept: see `BlockPlan.epoch_visits`
@@ -326,7 +318,7 @@ class FetchProcessBlocks(Streamed):
         settings = FetcherSettings(store.client_url, store.options, [shard.object_name for shard in self.split.shards],
                                    blocks.block_shard, blocks.block_start, blocks.block_end, blocks.block_bytes,
                                    slots, LEAST_STREAMED_REQUESTS, MOST_STREAMED_REQUESTS)
-        process, self._process = self._process or FetchProcess(), None
+        process, self._process = self._process, None
         try:
             return SharedBlocks(settings, process)
         except OSError:
