@@ -137,6 +137,25 @@ def decode_bound(path: str, split: str, rounds: int = 3) -> dict:
     return {"img_per_s": rates[best], "decoder": best, "by_decoder": rates, "images_per_epoch": len(stored)}
 
 
+def engine_epoch(shards, spec, side: int, out: np.ndarray, threads: int, epoch: int = 0, library=None,
+                 entropy_only: bool = False) -> tuple[float, np.ndarray]:
+    """Wall seconds for the decode engine to make every sample of `shards` (a `StoredShards`) once,
+    in batches of `out`'s size into `out` (one buffer reused, as the loader reuses its ring's), and
+    the stage CPU seconds summed (`pipeline.decode.engine.STAGES` of the engine `library` is)."""
+    from pipeline.decode import engine as decode_engine
+    ids, batch_size = np.arange(len(shards)), len(out)
+    stages = np.zeros(len(decode_engine.STAGES))
+    started = time.perf_counter()
+    for first in range(0, len(ids), batch_size):
+        with shards.located(ids[first:first + batch_size]) as samples:
+            decoded = decode_engine.decode_batch(samples, spec, epoch, side, out, threads, library=library,
+                                                 entropy_only=entropy_only)
+        if decoded.failed or decoded.damaged:
+            raise RuntimeError(f"the engine refused samples: {(decoded.failed + decoded.damaged)[:2]}")
+        stages += decoded.stage_seconds
+    return time.perf_counter() - started, stages
+
+
 def decode_floor(path: str, split: str, side: int, threads: int, batch_size: int, rounds: int = 3) -> dict:
     """img/s of the decode engine's `entropy_only` pass over every sample of a webdataset split,
     from the page cache: the median of `rounds` epochs after a warm-up one."""
@@ -145,19 +164,14 @@ def decode_floor(path: str, split: str, side: int, threads: int, batch_size: int
     from pipeline.shards.index import StoredShards
     shards = StoredShards(read_converted(path, split, "webdataset").shards)
     spec = LoaderSpec("webdataset", path=path, split=split)
-    ids = np.arange(len(shards))
     out = np.empty((batch_size, *decode_engine.out_shape(spec, side), 3), np.uint8)    # written to by no sample
-    seconds = []
+    count = len(shards)
     try:
-        for epoch in range(rounds + 1):
-            started = time.perf_counter()
-            for first in range(0, len(ids), batch_size):
-                with shards.located(ids[first:first + batch_size]) as samples:
-                    decode_engine.decode_batch(samples, spec, epoch, side, out, threads, entropy_only=True)
-            seconds.append(time.perf_counter() - started)
+        seconds = [engine_epoch(shards, spec, side, out, threads, epoch, entropy_only=True)[0]
+                   for epoch in range(rounds + 1)]
     finally:
         shards.close()
-    return {"img_per_s": len(ids) / float(np.median(seconds[1:])), "images_per_epoch": len(ids)}
+    return {"img_per_s": count / float(np.median(seconds[1:])), "images_per_epoch": count}
 
 
 def gpu_decode_bound(path: str, split: str, batch_size: int, rounds: int = 3) -> dict:

@@ -22,11 +22,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.bare_loaders import engine_epoch
 from benchmarks.hardware import add_results_options, append_results, cpu_words, results_folder, signature
 from benchmarks.loaders import convert
 from pipeline import LoaderSpec
@@ -51,23 +51,6 @@ def engine_at(revision: str, folder: Path) -> ctypes.CDLL:
                            flags=("-march=native",), library=folder / "decode_engine.so", check="engine_check")
     library.engine_decode_batch.argtypes = [ctypes.POINTER(decode_engine._BatchJob)]
     return library
-
-
-def epoch_seconds(shards: StoredShards, spec: LoaderSpec, side: int, out: np.ndarray, threads: int,
-                  library=None, entropy_only: bool = False) -> tuple[float, np.ndarray]:
-    """Wall seconds to make every sample once into batches of `out`'s size (one buffer reused, as
-    the loader reuses its ring's), and this tree's stage CPU seconds summed."""
-    ids, batch_size = np.arange(len(shards)), len(out)
-    stages = np.zeros(len(decode_engine.STAGES))
-    started = time.perf_counter()
-    for first in range(0, len(ids), batch_size):
-        with shards.located(ids[first:first + batch_size]) as samples:
-            decoded = decode_engine.decode_batch(samples, spec, 0, side, out, threads, library=library,
-                                                 entropy_only=entropy_only)
-        if decoded.failed or decoded.damaged:
-            raise SystemExit(f"error: the engine refused samples: {(decoded.failed + decoded.damaged)[:2]}")
-        stages += decoded.stage_seconds
-    return time.perf_counter() - started, stages
 
 
 def main() -> int:
@@ -99,7 +82,7 @@ def main() -> int:
             shards = StoredShards(read_converted(str(conversion), split, "webdataset").shards)
             spec = LoaderSpec("webdataset", path=str(conversion), split=split)
             out = np.empty((args.batch_size, *decode_engine.out_shape(spec, side), 3), dtype)
-            measure = lambda **kw: epoch_seconds(shards, spec, side, out, args.threads, **kw)
+            measure = lambda **kw: engine_epoch(shards, spec, side, out, args.threads, **kw)
             measure(library=other), measure(), measure(entropy_only=True)      # warm-up: page in code and data
             theirs, ours, floor, stages = [], [], [], np.zeros(len(decode_engine.STAGES))
             for _ in range(args.rounds):
