@@ -94,6 +94,7 @@ SPEC_OPTIONS = {"webdataset-pillow": {"native_decode": False},   # the webdatase
                 "webdataset-unverified": {"verify": False}, "dali-wds-unverified": {"verify": False}}   # what checks cost
 BOUNDS = ("decode_bound", "gpu_decode_bound")     # once per split
 FLOORS = ("decode_floor",)                        # per split, resolution and worker count
+REFERENCES = (*BOUNDS, *FLOORS)                   # no loader: they read the wds form and measure no CPU or memory
 # form -> (converter, its options, how `dataset` describes it)
 CONVERSIONS = {
     "wds": ("convert_wds.py", ["--max-resolution", "512"], "wds, max side 512 (photos kept at their size)"),
@@ -239,16 +240,16 @@ def convert(form: str, source: Path, cache: Path) -> Path:
 
 def form_of(name: str) -> str | None:
     """The data form a backend, bound or floor reads."""
-    return "wds" if name in (*BOUNDS, *FLOORS) else CONFIGURATIONS[name][1]
+    return "wds" if name in REFERENCES else CONFIGURATIONS[name][1]
 
 
 def known_backends(text: str) -> list[str]:
     """An argparse type: comma-separated names of bounds and configurations."""
     names = text.split(",")
-    unknown = [name for name in names if name not in CONFIGURATIONS and name not in (*BOUNDS, *FLOORS)]
+    unknown = [name for name in names if name not in CONFIGURATIONS and name not in REFERENCES]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown backend {unknown[0]!r}; choose from "
-                                         f"{', '.join([*BOUNDS, *FLOORS, *CONFIGURATIONS])}")
+                                         f"{', '.join([*REFERENCES, *CONFIGURATIONS])}")
     return names
 
 
@@ -259,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache", type=Path, default=Path("data/bench"), help="where conversions are kept")
     parser.add_argument("--backends", type=known_backends, default="decode_bound,gpu_decode_bound,decode_floor,folder,webdataset,webdataset-plain,webdataset-pillow,ffcv,ffcv-proportion,"
                         "ffcv-bare,dali-folder,dali-wds,dali-bare",
-                        help="comma-separated: " + ", ".join([*BOUNDS, *FLOORS, *CONFIGURATIONS]))
+                        help="comma-separated: " + ", ".join([*REFERENCES, *CONFIGURATIONS]))
     parser.add_argument("--splits", default="train,val")
     parser.add_argument("--resolutions", default="160", help="train resolutions, comma-separated")
     parser.add_argument("--val-resolutions", default="224")
@@ -353,7 +354,7 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                     if name in BOUNDS and (split, name, cores) in bound:
                         figures = bound[(split, name, cores)]    # resolution-independent: once per split and cores
                     else:
-                        kind, form = (name, "wds") if name in (*BOUNDS, *FLOORS) else CONFIGURATIONS[name]
+                        kind, form = name if name in REFERENCES else CONFIGURATIONS[name][0], form_of(name)
                         config = {"kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
                                   "options": options, "resolution": resolution, "workers": workers,
                                   "batch_size": args.batch_size, "epochs": args.epochs, "device": args.device,
@@ -391,7 +392,7 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                         figures["share_of_decode_floor"] = figures["img_per_s"] / floor[(split, resolution, workers, cores)]
                     form = form_of(name)
                     # A bound measures neither a loader's CPU share nor its memory: a dash, not a 0
-                    cpu, memory = (None, None) if name in (*BOUNDS, *FLOORS) else (figures.get("cpu_util"), figures.get("peak_rss_mb"))
+                    cpu, memory = (None, None) if name in REFERENCES else (figures.get("cpu_util"), figures.get("peak_rss_mb"))
                     print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} {figures['img_per_s']:>7.0f} "
                           f"{share if share is not None else float('nan'):>7.2f} "
                           f"{'-' if cpu is None else format(cpu, '.0%'):>5} "
