@@ -10,7 +10,9 @@ import sys
 import textwrap
 import threading
 import weakref
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -272,6 +274,50 @@ def test_the_train_shuffle_keeps_the_order_webdataset_gave():
     for count, size, seed in [(0, 3, 1), (1, 1, 2), (999, 1000, 3), (2500, 1000, 2 ** 62 + 5), (3001, 7, 4)]:
         theirs = filters._shuffle(iter(range(count)), bufsize=size, initial=size, rng=random.Random(seed))
         assert list(buffer_shuffle(range(count), size, seed)) == list(theirs), (count, size, seed)
+
+
+def test_the_lanes_are_shuffled_at_once_as_one_at_a_time():
+    """`shuffle_lanes` (C, every lane of an epoch in one call) gives each lane the order
+    `buffer_shuffle` gives it with its seed: CPython's own draws, at every length and window."""
+    from pipeline.shards.buffer_shuffle import buffer_shuffle, shuffle_lanes
+    rng = np.random.default_rng(5)
+    for length, window in [(0, 3), (1, 1), (12, 4), (999, 1000), (2500, 1000), (3001, 7), (600, 1), (700, 3)]:
+        seeds = [0, 7, 2 ** 62 + 5, *map(int, rng.integers(0, 2 ** 63, 3))]
+        lanes = rng.integers(0, 10 ** 12, (len(seeds), length))
+        shuffled = shuffle_lanes(lanes, window, seeds)
+        for lane, seed, ours in zip(lanes, seeds, shuffled):
+            assert ours.tolist() == list(buffer_shuffle(lane.tolist(), window, seed)), (length, window, seed)
+    with pytest.raises(ValueError, match="one seed per lane"):
+        shuffle_lanes(np.zeros((2, 5), np.int64), 3, [1])
+
+
+def test_an_index_is_read_at_once_or_line_by_line_alike(converted_sets, tmp_path):
+    """The converters' indexes (every line the same members in the same order) are parsed at once;
+    any other (members in another order on some line, one more member) line by line, to the same
+    table; a bad number still names its line."""
+    from pipeline.errors import DatasetError
+    from pipeline.formats.converted import Shard, member_table
+    from pipeline.formats.wds_shards import index_columns
+    index = next((Path(converted_sets["photos"]["webdataset"]) / "train").glob("*.idx"))
+    lines = index.read_text().splitlines()
+    assert index_columns(index.read_text()) is not None
+    count = len(lines) - 1
+    table = member_table(Shard(tar=index.with_suffix(".tar"), index=index, count=count, first_sample=0))
+    assert table.shape == (count, 3) and (table[:, 1] > 0).all() and (np.diff(table[:, 0]) > 0).all()
+
+    def reordered(line):
+        members = line.split()
+        return " ".join(members[4:] + members[:4])
+    for name, changed in [("reordered", [lines[0], lines[1], reordered(lines[2]), *lines[3:]]),
+                          ("one more", [lines[0], lines[1] + " txt 1 1 x.txt", *lines[2:]])]:
+        other = tmp_path / f"{name}.idx"
+        other.write_text("\n".join(changed) + "\n")
+        assert index_columns(other.read_text()) is None, name
+        assert np.array_equal(member_table(Shard(tar=index, index=other, count=count, first_sample=0)), table), name
+    bad = tmp_path / "bad.idx"
+    bad.write_text("\n".join([*lines[:3], lines[3].replace(lines[3].split()[1], "12x", 1), *lines[4:]]) + "\n")
+    with pytest.raises(DatasetError, match=r"bad.idx: unreadable index \(line 4: ValueError"):
+        member_table(Shard(tar=index, index=bad, count=count, first_sample=0))
 
 
 @pytest.mark.parametrize("backend,form", CASES, ids=IDS)

@@ -263,11 +263,13 @@ def test_a_fetch_process_that_does_not_start_leaves_the_blocks_to_threads_here(c
     """Where the fetch process cannot start (when the split is opened) or be set up (at the first
     plan), the split streams through memory all the same, fetched by threads here, with one line
     saying so, and the batches are those of local disk."""
-    from pipeline.remote import block_sources
+    from pipeline.remote import block_sources, dataset
 
     def no_process(*args, **options):
         raise OSError("no process for the test")
     monkeypatch.setattr(block_sources, failing, no_process)
+    if failing == "FetchProcess":       # nor as soon as the manifest shows that the split streams
+        monkeypatch.setattr(dataset, failing, no_process)
     local = build_loader(spec(converted_sets["photos"]["webdataset"]))
     remote = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=tmp_path, cache_limit=1,
                                fetch_size="64KiB"))
@@ -279,6 +281,36 @@ def test_a_fetch_process_that_does_not_start_leaves_the_blocks_to_threads_here(c
     said = [record.getMessage() for record in caplog.records if "did not start" in record.getMessage()]
     assert len(said) == 1 and "no process for the test" in said[0], said
     assert not list(tmp_path.rglob(f"*{BLOCK_SUFFIX}"))
+
+
+def test_the_fetch_process_starts_as_soon_as_the_manifest_shows_that_the_split_streams(photos_server, tmp_path,
+                                                                                       monkeypatch):
+    """Its interpreter loads while the indexes are fetched: the loader then sets up that process and
+    starts no other. One that no loader takes is stopped once dropped; a split kept on disk starts
+    none."""
+    from pipeline.remote import block_sources, dataset
+    from pipeline.remote.shared_blocks import FetchProcess
+    started = []
+
+    class Counted(FetchProcess):
+        def __init__(self):
+            super().__init__()
+            started.append(self)
+    monkeypatch.setattr(dataset, "FetchProcess", Counted)
+    monkeypatch.setattr(block_sources, "FetchProcess", Counted)
+    url = f"{photos_server.url}/photos_wds"
+    data = read_converted(url, "train", "webdataset", cache_dir=str(tmp_path), cache_limit=1)
+    assert started and data.remote.fetch_process is started[0]
+    fetcher = started[0].process
+    del data
+    started.clear()
+    assert fetcher.wait(timeout=30) == 0 and fetcher.poll() == 0
+    assert read_converted(url, "train", "webdataset", cache_dir=str(tmp_path)).remote.fetch_process is None
+    assert not started
+    remote = build_loader(spec(url, cache_dir=tmp_path, cache_limit=1, fetch_size="64KiB"))
+    next(iter(remote))
+    assert len(started) == 1 and remote.stored.sources.fetch_process.shared.fetch_process is started[0]
+    remote.stored.close()
 
 
 def test_a_block_larger_than_the_fetch_process_slots_is_fetched_ahead_here(photos_server, tmp_path):

@@ -70,7 +70,7 @@ def test_the_wheel_installs_converts_and_trains_outside_the_repository(tmp_path,
     assert all(Path(path).is_relative_to(site) for path in where), where
     installed = site / "pipeline"
     assert {path.name for path in (installed / "native").glob("*.[ch]")} >= {"decode_engine.c", "jpeg_roi.c",
-                                                                               "sample_uniforms.c"}
+                                                                               "sample_uniforms.c", "buffer_shuffle.c"}
     assert (site / "algorithms" / "recipes" / "fashion_baseline.yaml").is_file()
     catalog = run([python, "-c", "from benchmarks.instance_catalog import load_catalog; "
                                  "print(load_catalog()['p4d.24xlarge'].gpu_count)"], **options).stdout

@@ -17,7 +17,7 @@ import numpy as np
 
 from pipeline.errors import DatasetError
 from pipeline.formats.manifest import MANIFEST, ManifestError, manifest_path, read_manifest
-from pipeline.formats.wds_shards import IMAGE_MEMBER, LABEL_MEMBER, index_rows
+from pipeline.formats.wds_shards import IMAGE_MEMBER, LABEL_MEMBER, index_columns, index_row
 
 # The command that makes each format, for the messages that tell a user what to run
 CONVERTERS = {"ffcv": "python tools/convert_ffcv.py", "webdataset": "python tools/convert_wds.py"}
@@ -163,9 +163,16 @@ def member_table(shard: Shard, tar_size: Optional[int] = None) -> np.ndarray:
     enough for every member it lists."""
     rows, end, line_number = [], 0, 1
     try:
-        for line_number, members in enumerate(index_rows(shard.index.read_text()), start=2):
-            rows.append((*members[IMAGE_MEMBER][:2], members[LABEL_MEMBER][0]))
-            end = max(end, *(start + size for start, size, _ in members.values()))
+        text = shard.index.read_text()
+        columns = index_columns(text)
+        if columns is not None and IMAGE_MEMBER in columns and LABEL_MEMBER in columns:
+            rows = np.stack([*columns[IMAGE_MEMBER].T, columns[LABEL_MEMBER][:, 0]], 1)
+            end = max(int(spans.sum(1).max(initial=0)) for spans in columns.values())
+        else:
+            for line_number, line in enumerate(text.splitlines()[1:], start=2):
+                members = index_row(line)
+                rows.append((*members[IMAGE_MEMBER][:2], members[LABEL_MEMBER][0]))
+                end = max(end, *(start + size for start, size, _ in members.values()))
     except (OSError, ValueError, KeyError) as error:
         # A scrambled index can be one huge line, which int()'s message would quote whole:
         # the message keeps one line and a short excerpt of the reason.

@@ -53,14 +53,37 @@ def index_line(members: list[tuple[str, int, int, str]]) -> str:
 
 
 def index_rows(text: str):
-    """Per sample of an index, {extension: (data offset, size, name)}; ValueError where a line does
-    not parse (the caller names the file and line)."""
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) % 4:
-            raise ValueError(f"{len(fields)} fields, not 4 a member")
-        yield {ext: (int(start), int(size), name)
-               for ext, start, size, name in zip(fields[0::4], fields[1::4], fields[2::4], fields[3::4])}
+    """Per sample of an index, {extension: (data offset, size, name)} (see `index_row`)."""
+    return map(index_row, text.splitlines()[1:])
+
+
+def index_row(line: str) -> dict[str, tuple[int, int, str]]:
+    """A sample's line of an index as {extension: (data offset, size, name)}; ValueError where it
+    does not parse (the caller names the file and line)."""
+    fields = line.split()
+    if len(fields) % 4:
+        raise ValueError(f"{len(fields)} fields, not 4 a member")
+    return {ext: (int(start), int(size), name)
+            for ext, start, size, name in zip(fields[0::4], fields[1::4], fields[2::4], fields[3::4])}
+
+
+def index_columns(text: str) -> dict[str, np.ndarray] | None:
+    """Per extension, the (data offset, size) of every sample of an index whose lines all list
+    the same members in the same order (the converters' own, and most tools'), parsed at once; None
+    for any other index, or one that does not parse, which `index_row` reads line by line."""
+    lines = text.splitlines()[1:]
+    first = lines[0].split() if lines else []
+    width, tokens = len(first), " ".join(lines).split()
+    if not width or width % 4 or len(tokens) != width * len(lines):
+        return None
+    extensions = first[0::4]
+    if any(tokens[k::width].count(extension) != len(lines) for k, extension in zip(range(0, width, 4), extensions)):
+        return None
+    try:
+        return {extension: np.stack([np.array(tokens[k + 1::width], np.int64), np.array(tokens[k + 2::width], np.int64)], 1)
+                for k, extension in zip(range(0, width, 4), extensions)}
+    except (ValueError, OverflowError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -266,12 +266,12 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("TOKIO_WORKER_THREADS", str(max(1, min(4, len(os.sched_getaffinity(0)) // 8))))
     import obstore.store  # noqa: F401 - loaded while the loader plans, not once it waits
     try:
-        kind, setup = control.recv()
+        message = control.recv()
     except (EOFError, OSError):     # the loader never needed it (its split stayed on disk) or is gone
         return
-    if kind != "setup":
+    if message[0] != "setup":       # told to stop before it was needed
         return
-    asyncio.run(Fetcher(control, wake, memory_fd, FetcherSettings(**setup)).run())
+    asyncio.run(Fetcher(control, wake, memory_fd, FetcherSettings(**message[1])).run())
 
 
 if __name__ == "__main__":

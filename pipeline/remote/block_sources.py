@@ -14,8 +14,9 @@ The places:
 Which serves, decided when the split is opened and again at each epoch's start, never within one:
 1. the disk, while the split fits the cache's limit and the room its disk has (a disk that fills
    mid-run lowers the limit: the next epoch streams);
-2. else the fetch process, started when the split is opened (its interpreter loads meanwhile)
-   and set up at the first plan; what it does not give (a block it failed to fetch, one read
+2. else the fetch process, started when the split is opened, or as soon as its manifest shows
+   that it streams (`pipeline/remote/dataset.py`; its interpreter loads meanwhile), and set up at
+   the first plan; what it does not give (a block it failed to fetch, one read
    outside the plan, one larger than its slots) comes from the memory source;
 3. else, before the first plan, and for good once the process did not start or ended, the memory
    source alone.
@@ -116,6 +117,8 @@ class SplitSources:
         self.fetch_process: FetchProcessBlocks | None = None
         if self.disk is None:
             self._stream()
+        else:
+            _close(split.source.take_fetch_process())
         self.serving: BlockSource = self.disk or self.memory
 
     @property
@@ -127,7 +130,8 @@ class SplitSources:
         """From now on the split streams: the memory source, and the fetch process started."""
         self.memory = MemoryBlocks(self.split.plan, self.split.fetch)
         try:
-            self.fetch_process = FetchProcessBlocks(self.split, self.memory, FetchProcess())
+            process = self.split.source.take_fetch_process() or FetchProcess()
+            self.fetch_process = FetchProcessBlocks(self.split, self.memory, process)
         except OSError as error:
             self._lost_fetch_process(error)
 
@@ -188,6 +192,11 @@ class SplitSources:
         for source in (self.disk, self.fetch_process, self.memory):
             if source is not None:
                 source.close()
+
+
+def _close(process: FetchProcess | None) -> None:
+    if process is not None:
+        process.close()
 
 
 def _keeps_on_disk(split: SplitBlocks) -> bool:

@@ -26,6 +26,7 @@ from typing import Optional
 
 from pipeline.storage.atomic_files import FULL_DISK, write_bytes_atomic
 from pipeline.remote.block_cache import BlockCache
+from pipeline.remote.shared_blocks import FetchProcess
 from pipeline.spec import parse_size
 from pipeline.errors import DatasetError, RemoteDataError
 from pipeline.formats.converted import CONVERTERS, ConvertedSplit, Shard, checksum_table, member_table, split_record
@@ -45,6 +46,12 @@ class RemoteSource:
     store: ObjectStore
     cache: BlockCache
     dataset: str              # the dataset's folder in the cache
+    fetch_process: Optional[FetchProcess] = None    # started early: see `_early_fetch_process`
+
+    def take_fetch_process(self) -> Optional[FetchProcess]:
+        """The fetch process started early, now the caller's to close; None if none was."""
+        process, self.fetch_process = self.fetch_process, None
+        return process
 
 
 def default_cache_dir() -> Path:
@@ -77,6 +84,7 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
     limit = parse_size(cache_limit if cache_limit is not None else DEFAULT_CACHE_LIMIT)
     dataset = hashlib.sha256(store.shown.encode() + b"\0" + raw).hexdigest()[:16]
     folder = root / dataset
+    fetch_process = _early_fetch_process(kind, record, limit)
     shards, first = [], 0
     for entry in record.get("shards", []):
         shards.append(Shard(store.where(f"{split}/{entry['tar']}"), folder / split / entry["index"], entry["count"],
@@ -106,8 +114,22 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
                 _fetch_index(store, record["checksums"], folder / record["checksums"], record.get("checksums_sha256"),
                              CONVERTERS["ffcv"])
     split_data = ConvertedSplit(folder, kind, split, classes, record["count"], files, shards, record=record)
-    split_data.remote = RemoteSource(store, cache, dataset)
+    split_data.remote = RemoteSource(store, cache, dataset, fetch_process)
     return split_data
+
+
+def _early_fetch_process(kind: str, record: dict, cache_limit: int) -> Optional[FetchProcess]:
+    """Where the manifest already shows that the split will stream (its shards outweigh the cache's
+    limit), the fetch process started now, so that its interpreter loads while the indexes are
+    fetched rather than while the first batch waits; else None, as where it cannot start (the
+    split's sources try again, and say why)."""
+    sizes = [entry.get("bytes") for entry in record.get("shards", [])]
+    if kind != "webdataset" or not sizes or not all(isinstance(size, int) for size in sizes) or sum(sizes) <= cache_limit:
+        return None
+    try:
+        return FetchProcess()
+    except OSError:
+        return None
 
 
 @contextmanager

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -46,10 +47,10 @@ OTHER_VISIT = -4            # a state seen here only: the block is held for othe
 
 class FetchProcess:
     """The fetch process, started with its shared memory still empty: `SharedBlocks` sizes it and
-    sets the process up once the first plan says how many slots it needs."""
+    sets the process up once the first plan says how many slots it needs. One dropped without
+    `close` is closed as it goes (a split that stayed on disk, a build that failed)."""
 
     def __init__(self):
-        self._pid = os.getpid()
         self.memory_fd = os.memfd_create("fastpipe-blocks", os.MFD_CLOEXEC)
         ours, theirs = socket.socketpair()
         self.control = Connection(ours.detach())
@@ -68,25 +69,32 @@ class FetchProcess:
             theirs.close()
             os.close(wake_read)
         self.started = time.monotonic()
-        self.closed = False
+        self._stop = weakref.finalize(self, _stop_process, os.getpid(), self.process, self.control, self.wake, self.memory_fd)
+
+    @property
+    def closed(self) -> bool:
+        return not self._stop.alive
 
     def close(self) -> None:
         """Stops the process (told to, else killed after 5 s) and closes this end of everything shared."""
-        if os.getpid() != self._pid or self.closed:      # a forked child's copy: not its to close
-            return
-        self.closed = True
-        try:
-            self.control.send(("stop",))
-        except OSError:       # it ended already
-            pass
-        self.control.close()
-        os.close(self.wake)
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        os.close(self.memory_fd)
+        self._stop()
+
+
+def _stop_process(pid: int, process: subprocess.Popen, control: Connection, wake: int, memory_fd: int) -> None:
+    if os.getpid() != pid:      # a forked child's copy: not its to close
+        return
+    try:
+        control.send(("stop",))
+    except OSError:       # it ended already
+        pass
+    control.close()
+    os.close(wake)
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    os.close(memory_fd)
 
 
 class SharedBlocks:

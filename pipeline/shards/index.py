@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from pipeline.decode import engine as decode_engine
-from pipeline.shards.buffer_shuffle import buffer_shuffle
+from pipeline.shards.buffer_shuffle import shuffle_lanes
 from pipeline.transforms.crops import sample_seed
 from pipeline.errors import FAILS_CHECKSUM, CorruptSample, DatasetError
 from pipeline.formats.converted import CONVERTERS, SampleName, Shard
@@ -121,9 +121,8 @@ class StoredShards:
         # come in a shuffled order, so that consecutive samples are not neighbours in the stream
         part = self._stream(rank * size * length, (rank + 1) * size * length, epoch, spec.seed, shuffle=True)
         window = max(1, SHUFFLE_BUFFER // lanes)
-        shuffled = np.array([list(buffer_shuffle(part[lane * length:(lane + 1) * length].tolist(), window,
-                                                 sample_seed(spec.seed, epoch, rank * size + lane)))
-                             for lane in range(size)], np.int64).reshape(size, length)
+        shuffled = shuffle_lanes(part[:size * length].reshape(size, length), window,
+                                 [sample_seed(spec.seed, epoch, rank * size + lane) for lane in range(size)])
         order = np.random.default_rng((spec.seed, epoch, 2, rank)).permutation(size)
         ids = shuffled[order].T.reshape(-1)
         if not spec.drop_last:        # the samples past the lanes, dealt as evenly as ranks can stay in step
