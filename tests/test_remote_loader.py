@@ -426,6 +426,40 @@ def test_bytes_fetched_are_those_of_the_samples_read(converted_sets, photos_serv
     assert fetched < shards_total
 
 
+def test_an_epoch_read_ahead_starts_with_the_first_batches_blocks_then_widens():
+    """Before the first batch is handed out, only the blocks of the first MIN_WINDOW batches are
+    fetched (on few cores, fetching the whole window beside them slows their decode); the reach
+    doubles with each batch handed out, up to the window."""
+    from pipeline.remote.block_plan import MIN_WINDOW, BlockPlan
+    from pipeline.remote.read_ahead import ReadAhead, ReadsAhead
+    samples, size = 4096, 100
+    members = np.stack([np.arange(samples) * size, np.full(samples, size - 10), np.arange(samples) * size + 90], 1)
+    blocks = BlockPlan(members, [samples], np.zeros(samples, np.int32), block_bytes=size, ahead_bytes=10 ** 9,
+                       reads_ahead=1)
+    plan = [np.arange(b * 16, (b + 1) * 16) for b in range(samples // 16)]      # every sample a block
+    fetched, arrived = [], threading.Condition()
+
+    class Recorded(ReadsAhead):
+        def prefetch(self, block):
+            with arrived:
+                fetched.append(block)
+                arrived.notify_all()
+
+    def fetched_up_to(batches):
+        with arrived:
+            assert arrived.wait_for(lambda: len(fetched) >= 16 * batches, timeout=30)
+        time.sleep(0.2)         # time for anything further to be asked for
+        return max(fetched) // 16 + 1
+    reader = ReadAhead(blocks, plan, 0, None, Recorded())
+    assert fetched_up_to(MIN_WINDOW + 1) == MIN_WINDOW + 1      # the consumer's batch 0, and 4 ahead
+    for handed_out, reach in ((1, 2 * MIN_WINDOW), (2, 4 * MIN_WINDOW), (3, 8 * MIN_WINDOW)):
+        reader.advance(handed_out)
+        assert fetched_up_to(handed_out + reach + 1) == handed_out + reach + 1
+    reader.advance(8)
+    assert fetched_up_to(len(plan)) == len(plan) and reader.window >= len(plan)
+    reader.stop()
+
+
 def test_blocks_are_cut_at_sample_boundaries():
     starts = np.array([0, 100, 600, 700, 2000])
     ends = np.array([90, 500, 690, 1900, 2100])

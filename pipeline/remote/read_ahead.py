@@ -3,9 +3,10 @@ process: into the node's cache on disk, or into its own memory (`pipeline/remote
 
 When an epoch starts, the blocks of the coming batches are fetched in the order of their first
 use, FETCH_THREADS requests at once, a window of batches ahead of the batch being consumed
-(`BlockPlan.window`), so latency is hidden and what is held stays bounded; then, as the epoch
-ends, those the next epoch reads first (as many as the read-ahead's bytes hold), so that it does
-not start by waiting.
+(`BlockPlan.window`), so latency is hidden and what is held stays bounded. The window opens over
+the epoch's first batches, so that the first one's blocks are not fetched beside all of it. As
+the epoch ends, those the next epoch reads first are fetched (as many as the read-ahead's bytes
+hold), so that it does not start by waiting.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class ReadAhead:
         """following(): the next epoch's plan, whose first blocks are fetched as this one ends;
         only: the blocks to fetch, where not all of them."""
         self.blocks, self.target, self.only = blocks, target, only
-        self.position = start
+        self.start = self.position = start
         self.stopped = False
         self.on_next_epoch = False        # submitting the next epoch's blocks: stopping lets those run
         self.window = MIN_WINDOW          # batches ahead; set from the plan's bytes per batch by the thread
@@ -80,11 +81,17 @@ class ReadAhead:
         self.on_next_epoch = True
         self._submit(firsts)
 
+    def _reach(self) -> int:
+        """The batches ahead of the consumer whose blocks may be fetched: MIN_WINDOW at the start,
+        doubled with each batch handed out up to the window, so that the first batch's blocks are
+        not fetched beside the whole window's (on few cores their fetching slows its decode)."""
+        return min(self.window, MIN_WINDOW << min(self.position - self.start, 30))
+
     def _submit(self, firsts) -> bool:
-        """Submits each block's fetch once the consumer is within the window of its batch; False if stopped."""
+        """Submits each block's fetch once the consumer is within reach of its batch; False if stopped."""
         for index, block in firsts:
             with self._changed:
-                self._changed.wait_for(lambda: self.stopped or index <= self.position + self.window)
+                self._changed.wait_for(lambda: self.stopped or index <= self.position + self._reach())
                 if self.stopped:
                     return False
             self._pool.submit(self._fetch, block)
