@@ -137,3 +137,19 @@ def test_the_servers_cpu_time_is_counted_with_their_workers():
     finally:
         process.communicate("")
     assert cpu_seconds(process.pid) == 0        # gone
+
+
+def test_loader_start_benchmark_sets_this_tree_against_a_revision(tmp_path):
+    """benchmarks/loader_start.py times reading the indexes and planning an epoch, in this tree and in a
+    git revision's, and appends a row per figure."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loader_start.py"), "--against", "HEAD",
+                             "--samples", "3000", "--shards", "3", "--batch-size", "16", "--world-sizes", "1,2",
+                             "--rounds", "1", "--results-dir", str(tmp_path)], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [results] = tmp_path.glob("*.jsonl")
+    rows = {row["what"]: row for row in map(json.loads, results.read_text().splitlines())}
+    assert set(rows) == {"index_s", "plan_s_world_1", "plan_s_world_2"}, result.stdout
+    for row in rows.values():
+        assert row["benchmark"] == "loader_start" and row["against"] == "HEAD" and row["samples"] == 3000
+        assert row["seconds"] > 0 and row["seconds_against"] > 0 and HARDWARE_KEYS <= set(row["hardware"])
