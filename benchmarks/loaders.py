@@ -49,7 +49,7 @@ local-disk figure, from the same conversion in object storage or behind HTTP
 epoch streams as a dataset larger than a node's disk does (through memory, nothing kept on
 disk; the bytes fetched per epoch show it), or with `--remote-cache kept` twice the split, so
 that the first epoch (the warm-up) fills the cache and later ones read it. Also recorded then:
-its img/s as a share of local disk's, and its first epoch's, the bytes and requests fetched per
+its img/s as a share of local disk's, and its first epoch's of local disk's first, the bytes and requests fetched per
 epoch (and in the first) against the bytes of the samples read (each from its image to its label in the shard),
 the time from building the loader to its first batch, and the CPU time per epoch of the fetch
 process and of the servers on this machine (nginx, the latency proxy, moto), with which a
@@ -206,6 +206,11 @@ def measure(config: dict) -> dict:
         figures["engine_us_per_image"] = {stage: 1e6 * (seconds - stages_after_warmup[0][stage]) / samples
                                           for stage, seconds in loader.engine_seconds.items()}
     return figures
+
+
+def first_epoch_rate(figures: dict) -> float:
+    """img/s of the warm-up epoch: from the loader built to its last batch."""
+    return figures["images_per_epoch"] / figures["warmup_seconds"]
 
 
 def fetch_process_seconds(loader) -> float:
@@ -380,12 +385,13 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                     reference = bound.get((split, "decode_bound", cores), {}).get("img_per_s")
                     share = figures["img_per_s"] / reference if reference else None
                     if remote and (name, split, resolution, workers) in local_figures:
-                        local_rate = local_figures[(name, split, resolution, workers)]
+                        local_rate, local_first = local_figures[(name, split, resolution, workers)]
                         figures["share_of_local"] = figures["img_per_s"] / local_rate
-                        figures["first_epoch_share_of_local"] = figures["images_per_epoch"] / figures["warmup_seconds"] / local_rate
+                        # against local disk's own first epoch, which also starts cold (threads, the decoder's buffers)
+                        figures["first_epoch_share_of_local"] = first_epoch_rate(figures) / local_first
                         figures["remote"] = source.describe()
                     elif not remote:
-                        local_figures[(name, split, resolution, workers)] = figures["img_per_s"]
+                        local_figures[(name, split, resolution, workers)] = figures["img_per_s"], first_epoch_rate(figures)
                     if name in FLOORS:
                         floor[(split, resolution, workers, cores)] = figures["img_per_s"]
                     elif name == "webdataset" and (split, resolution, workers, cores) in floor:

@@ -79,7 +79,7 @@ def test_remote_rows_sit_beside_local_ones(sample_sets, tmp_path, cache):
     local, remote = rows["webdataset"], rows["webdataset@remote"]
     assert remote["share_of_local"] == pytest.approx(remote["img_per_s"] / local["img_per_s"])
     assert remote["first_epoch_share_of_local"] == pytest.approx(
-        remote["images_per_epoch"] / remote["warmup_seconds"] / local["img_per_s"])
+        remote["images_per_epoch"] / remote["warmup_seconds"] / (local["images_per_epoch"] / local["warmup_seconds"]))
     assert "+5 ms" in remote["remote"] and remote["images_per_epoch"] == local["images_per_epoch"] > 0
     assert remote["first_batch_seconds"] > 0
     assert "x local; per epoch" in result.stdout
