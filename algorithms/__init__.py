@@ -28,6 +28,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "selective_backprop": ("algorithms.selective_backprop", "SelectiveBackprop"),
     "sam": ("algorithms.sam", "SAM"),
     "ema": ("algorithms.ema", "EMA"),
+    "lookahead": ("algorithms.lookahead", "Lookahead"),
     "flip_tta": ("algorithms.flip_tta", "FlipTTA"),
 }
 
