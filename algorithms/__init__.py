@@ -29,6 +29,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "sam": ("algorithms.sam", "SAM"),
     "ema": ("algorithms.ema", "EMA"),
     "lookahead": ("algorithms.lookahead", "Lookahead"),
+    "whitening_init": ("algorithms.whitening_init", "WhiteningInit"),
+    "dirac_init": ("algorithms.dirac_init", "DiracInit"),
     "flip_tta": ("algorithms.flip_tta", "FlipTTA"),
 }
 
