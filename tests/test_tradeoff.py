@@ -175,6 +175,14 @@ def test_ablation_variants_and_effects(tmp_path):
     assert set(by_name[f"fashion_baseline+{first}+{second}"]["algorithms"]) == {first, second}
     assert len(variants) == 2 + 2 * len(methods) + len(methods) * (len(methods) - 1) // 2
 
+    own = tmp_path / "mine" / "fast.yaml"            # a recipe given as a path: named by its file, variants in OUT
+    own.parent.mkdir()
+    own.write_text(f"base: {tradeoff.recipe_path('fashion_mild')}\n")
+    variants, _ = tradeoff.ablation_recipes(str(own), "fashion_baseline", tmp_path / "out", pairs=False)
+    assert [name for name, _ in variants][:3] == ["fast", "fashion_baseline", f"fast-no-{first}"]
+    assert all(path.parent == tmp_path / "out" / "recipes" for _, path in variants[2:])
+    assert sorted(path.name for path in own.parent.iterdir()) == ["fast.yaml"]
+
     points = [point("r", "1ep", 60, 90), point("base", "1ep", 100, 85), point("r-no-x", "1ep", 70, 88),
               point("r-no-y", "1ep", 90, 89), point("base+x", "1ep", 80, 86), point("base+y", "1ep", 110, 87),
               point("base+x+y", "1ep", 95, 90)]

@@ -118,19 +118,21 @@ def ablation_recipes(recipe: str, baseline: str, out: Path, pairs: bool) -> tupl
     methods = list(full.get("algorithms") or {})
     if not methods:
         raise SweepError(f"--ablate {recipe}: the recipe names no algorithms, so there is nothing to ablate")
-    variants = [(recipe, recipe_path(recipe)), (baseline, recipe_path(baseline))]
+    # named as the report names them: a recipe given as a path is its file's name
+    name, base_name = recipe_name(recipe), recipe_name(baseline)
+    variants = [(name, recipe_path(recipe)), (base_name, recipe_path(baseline))]
     pair_sets = [[a, b] for i, a in enumerate(methods) for b in methods[i + 1:]] if pairs else []
     chosen = [[m] for m in methods] + pair_sets
-    written = {tradeoff_curves.variant_name(recipe, without=m): {**full, "algorithms": {
+    written = {tradeoff_curves.variant_name(name, without=m): {**full, "algorithms": {
         k: v for k, v in full["algorithms"].items() if k != m}} for m in methods}
-    written |= {tradeoff_curves.variant_name(baseline, with_=names): {**base, "algorithms": {
+    written |= {tradeoff_curves.variant_name(base_name, with_=names): {**base, "algorithms": {
         **(base.get("algorithms") or {}), **{m: full["algorithms"][m] for m in names}}} for names in chosen}
-    for name, settings in written.items():
-        path = out / "recipes" / f"{name}.yaml"
+    for variant, settings in written.items():
+        path = out / "recipes" / f"{variant}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         header = f"# written by tools/tradeoff.py --ablate {recipe} (baseline {baseline})\n"
         write_bytes_atomic(path, (header + yaml.safe_dump(settings, sort_keys=False)).encode(), durable=False)
-        variants.append((name, path))
+        variants.append((variant, path))
     return variants, methods
 
 

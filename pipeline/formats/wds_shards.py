@@ -80,7 +80,8 @@ def index_columns(text: str) -> dict[str, np.ndarray] | None:
     if any(tokens[k::width].count(extension) != len(lines) for k, extension in zip(range(0, width, 4), extensions)):
         return None
     try:
-        return {extension: np.stack([np.array(tokens[k + 1::width], np.int64), np.array(tokens[k + 2::width], np.int64)], 1)
+        return {extension: np.stack([np.array(tokens[k + 1::width], np.int64),
+                                     np.array(tokens[k + 2::width], np.int64)], 1)
                 for k, extension in zip(range(0, width, 4), extensions)}
     except (ValueError, OverflowError):
         return None

@@ -124,7 +124,9 @@ def _early_fetch_process(kind: str, record: dict, cache_limit: int) -> Optional[
     fetched rather than while the first batch waits; else None, as where it cannot start (the
     split's sources try again, and say why)."""
     sizes = [entry.get("bytes") for entry in record.get("shards", [])]
-    if kind != "webdataset" or not sizes or not all(isinstance(size, int) for size in sizes) or sum(sizes) <= cache_limit:
+    if kind != "webdataset" or not sizes or not all(isinstance(size, int) for size in sizes):
+        return None
+    if sum(sizes) <= cache_limit:
         return None
     try:
         return FetchProcess()

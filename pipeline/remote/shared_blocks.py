@@ -69,11 +69,8 @@ class FetchProcess:
             theirs.close()
             os.close(wake_read)
         self.started = time.monotonic()
-        self._stop = weakref.finalize(self, _stop_process, os.getpid(), self.process, self.control, self.wake, self.memory_fd)
-
-    @property
-    def closed(self) -> bool:
-        return not self._stop.alive
+        self._stop = weakref.finalize(self, _stop_process, os.getpid(), self.process, self.control, self.wake,
+                                      self.memory_fd)
 
     def close(self) -> None:
         """Stops the process (told to, else killed after 5 s) and closes this end of everything shared."""
