@@ -113,6 +113,17 @@ class Algorithm:
         return f"{type(self).__name__}({settings})"
 
 
+def weights_copy(loaded: dict | None, model: dict, what: str) -> dict:
+    """A copy of the model's tensors that an algorithm keeps (an average, a slow copy): `loaded`
+    from a checkpoint (kept on the CPU by load_state_dict), its names checked against the model's
+    and moved to their devices and dtypes; on a fresh run (None), the model's own, cloned."""
+    if loaded is None:
+        return {name: t.detach().clone() for name, t in model.items()}
+    if set(loaded) != set(model):
+        raise ValueError(f"{what} does not match the model's parameters and buffers")
+    return {name: loaded[name].to(t.device, t.dtype) for name, t in model.items()}
+
+
 def settle_loader_specs(algorithms: Sequence[Algorithm], specs: Sequence[LoaderSpec],
                         plan: RunPlan) -> tuple[list[LoaderSpec], RunPlan]:
     """The specs and the plan as the algorithms leave them, each in the recipe's order seeing what

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from algorithms.base import Algorithm, Event
+from algorithms.base import Algorithm, Event, weights_copy
 from algorithms.durations import Duration
 
 
@@ -84,12 +84,7 @@ class EMA(Algorithm):
             raise ValueError(f"EMA update_interval={self.update_interval} is less than one batch")
         half_life = self.half_life.to_batches(state.steps_per_epoch, state.total_steps)
         self._smoothing = smoothing_for_half_life(half_life, self._every)
-        if self._ema is None:              # a fresh run; a resumed one loaded its average already
-            self._ema = {name: t.detach().clone() for name, t in model.items()}
-            return
-        if set(self._ema) != set(model):
-            raise ValueError("EMA state does not match the model's parameters and buffers")
-        self._ema = {name: self._ema[name].to(t.device, t.dtype) for name, t in model.items()}
+        self._ema = weights_copy(self._ema, model, "EMA state")   # a resumed run loaded its average already
 
     def state_dict(self) -> dict:
         return {} if self._ema is None else {"ema": dict(self._ema)}

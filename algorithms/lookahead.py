@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from algorithms.base import Algorithm, Event
+from algorithms.base import Algorithm, Event, weights_copy
 
 
 def lookahead_decay(step: int, total_steps: int, most_decay: float = 0.95 ** 5, power: float = 3.0) -> float:
@@ -58,20 +58,12 @@ class Lookahead(Algorithm):
 
     def apply(self, event: Event, state) -> None:
         fast = _floating_tensors(state.model)
-        if event == Event.FIT_START:
-            self._start(fast)
+        if event == Event.FIT_START:      # a resumed run loaded its slow copy already
+            self._slow = weights_copy(self._slow, fast, "Lookahead state")
             return
         decay = 1.0 if event == Event.FIT_END else lookahead_decay(state.step, state.total_steps, self.most_decay,
                                                                      self.power)
         lookahead_update(list(self._slow.values()), list(fast.values()), decay)
-
-    def _start(self, fast: dict[str, torch.Tensor]) -> None:
-        if self._slow is None:             # a fresh run; a resumed one loaded its slow copy already
-            self._slow = {name: t.detach().clone() for name, t in fast.items()}
-            return
-        if set(self._slow) != set(fast):
-            raise ValueError("Lookahead state does not match the model's floating parameters and buffers")
-        self._slow = {name: self._slow[name].to(t.device, t.dtype) for name, t in fast.items()}
 
     def state_dict(self) -> dict:
         return {} if self._slow is None else {"slow": dict(self._slow)}
