@@ -390,7 +390,7 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                         # against local disk's own first epoch, which also starts cold (threads, the decoder's buffers)
                         figures["first_epoch_share_of_local"] = first_epoch_rate(figures) / local_first
                         figures["remote"] = source.describe()
-                    elif not remote:
+                    elif not remote and "warmup_seconds" in figures:     # a loader, not a bound
                         local_figures[(name, split, resolution, workers)] = figures["img_per_s"], first_epoch_rate(figures)
                     if name in FLOORS:
                         floor[(split, resolution, workers, cores)] = figures["img_per_s"]
