@@ -31,6 +31,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "lookahead": ("algorithms.lookahead", "Lookahead"),
     "whitening_init": ("algorithms.whitening_init", "WhiteningInit"),
     "dirac_init": ("algorithms.dirac_init", "DiracInit"),
+    "batchnorm_settings": ("algorithms.batchnorm_settings", "BatchNormSettings"),
     "flip_tta": ("algorithms.flip_tta", "FlipTTA"),
 }
 
