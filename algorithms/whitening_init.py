@@ -65,6 +65,7 @@ class WhiteningInit(Algorithm):
             raise ValueError(f"whitening_init needs frozen_epochs >= 0 and eps > 0; got {frozen_epochs}, {eps}")
         self.frozen_epochs, self.eps = frozen_epochs, float(eps)
         self._initialized = False
+        self._stem: nn.Conv2d | None = None     # found once, not at every step
 
     def match(self, event: Event, state) -> bool:
         if event == Event.AFTER_DATALOADER:
@@ -73,7 +74,9 @@ class WhiteningInit(Algorithm):
 
     @torch.no_grad()
     def apply(self, event: Event, state) -> None:
-        conv = stem_convolution(state.model)
+        if self._stem is None:
+            self._stem = stem_convolution(state.model)
+        conv = self._stem
         if event == Event.BEFORE_OPTIMIZER_STEP:
             conv.weight.grad = None        # the optimizer then leaves the filters as they are
             return
