@@ -115,10 +115,11 @@ class SplitSources:
         self.disk: DiskBlocks | None = DiskBlocks(split) if _keeps_on_disk(split) else None
         self.memory: MemoryBlocks | None = None
         self.fetch_process: FetchProcessBlocks | None = None
+        early = None if self.disk is None else split.source.take_fetch_process()
+        if early is not None:           # started for a split that, after all, stays on disk
+            early.close()
         if self.disk is None:
             self._stream()
-        else:
-            _close(split.source.take_fetch_process())
         self.serving: BlockSource = self.disk or self.memory
 
     @property
@@ -192,11 +193,6 @@ class SplitSources:
         for source in (self.disk, self.fetch_process, self.memory):
             if source is not None:
                 source.close()
-
-
-def _close(process: FetchProcess | None) -> None:
-    if process is not None:
-        process.close()
 
 
 def _keeps_on_disk(split: SplitBlocks) -> bool:
