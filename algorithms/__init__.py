@@ -29,6 +29,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "sam": ("algorithms.sam", "SAM"),
     "ema": ("algorithms.ema", "EMA"),
     "lookahead": ("algorithms.lookahead", "Lookahead"),
+    "muon": ("algorithms.muon", "Muon"),
     "whitening_init": ("algorithms.whitening_init", "WhiteningInit"),
     "dirac_init": ("algorithms.dirac_init", "DiracInit"),
     "batchnorm_settings": ("algorithms.batchnorm_settings", "BatchNormSettings"),
