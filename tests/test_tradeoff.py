@@ -185,11 +185,12 @@ def test_ablation_variants_and_effects(tmp_path):
 
     points = [point("r", "1ep", 60, 90), point("base", "1ep", 100, 85), point("r-no-x", "1ep", 70, 88),
               point("r-no-y", "1ep", 90, 89), point("base+x", "1ep", 80, 86), point("base+y", "1ep", 110, 87),
-              point("base+x+y", "1ep", 95, 90)]
+              point("base+x+y", "1ep", 95, 90), point("r", "2ep", 120, 91)]     # 2ep: the recipe's curve only
     effects, interactions = tc.ablation_effects(tc.curves(points), "r", "base", ["x", "y"])
     x = next(e for e in effects if e.method == "x")
     assert (x.in_recipe_top1, x.in_recipe_seconds, x.alone_top1, x.alone_seconds) == (2, -10, 1, -20)
     assert interactions == [("1ep", "x", "y", pytest.approx(5 - 1 - 2))]
+    assert {e.duration for e in effects} == {"1ep"}
 
 
 def test_the_time_left_comes_from_finished_points():

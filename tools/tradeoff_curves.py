@@ -161,8 +161,10 @@ def ablation_effects(all_curves: dict[str, list[CurvePoint]], recipe: str, basel
         for method in methods:
             without = at.get((variant_name(recipe, without=method), duration))
             alone = at.get((variant_name(baseline, with_=[method]), duration))
-            effects.append(MethodEffect(method, duration, delta(full, without, "top1"), delta(full, without, "seconds"),
-                                        delta(alone, base, "top1"), delta(alone, base, "seconds")))
+            if without is not None or alone is not None:      # the recipe's other durations were not ablated
+                effects.append(MethodEffect(method, duration, delta(full, without, "top1"),
+                                            delta(full, without, "seconds"), delta(alone, base, "top1"),
+                                            delta(alone, base, "seconds")))
         for i, a in enumerate(methods):
             for b in methods[i + 1:]:
                 pair, one, two = (at.get((variant_name(baseline, with_=names), duration))
