@@ -293,13 +293,15 @@ def main() -> None:
         proxy.start()
     except OSError as error:
         sys.exit(f"latency_proxy: {error.strerror or error}")
-    print(f"{proxy.url} -> {args.upstream} with {args.latency_ms:g} ms added round trip (Ctrl-C stops it)", flush=True)
     stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    for signum in (signal.SIGINT, signal.SIGTERM):     # set before the URL is out: a signal right after it counts
+        signal.signal(signum, lambda *_: stopped.set())
+    print(f"{proxy.url} -> {args.upstream} with {args.latency_ms:g} ms added round trip (Ctrl-C stops it)", flush=True)
     try:
-        stopped.wait()
-    except KeyboardInterrupt:
-        pass
+        # Timed: handlers run in the main thread, which an untimed wait leaves asleep when the kernel hands
+        # the signal to one of the proxy's threads.
+        while not stopped.wait(0.5):
+            pass
     finally:
         proxy.stop()
     print(f"{proxy.connections} connections, {proxy.bytes_to_upstream} bytes to upstream, "

@@ -9,7 +9,7 @@ import torch
 from algorithms.base import Algorithm, Event
 from algorithms.muon import NEWTON_SCHULZ, Muon, muon_step, muon_weights, orthogonalize
 from conftest import tiny_trainer
-from test_alg_lookahead import StopAt
+from test_alg_lookahead import assert_resume_mid_epoch_is_exact
 
 
 def newton_schulz_by_hand(value: float, steps: int) -> float:
@@ -74,17 +74,4 @@ def test_the_convolutions_but_the_stem_are_muons_and_the_rest_stays_with_sgd(tmp
 
 
 def test_a_run_resumed_mid_epoch_ends_as_an_uninterrupted_one(tmp_path):
-    settings = ["checkpoint.interval=3ba", "deterministic=true"]
-    whole = Muon(lr=0.1)
-    done = tiny_trainer(tmp_path / "whole", [whole, StopAt(99)], *settings)
-    done.fit()
-    with pytest.raises(KeyboardInterrupt):          # after the checkpoint of step 6 of 8
-        tiny_trainer(tmp_path / "parts", [Muon(lr=0.1), StopAt(6)], *settings).fit()
-    resumed = Muon(lr=0.1)
-    trainer = tiny_trainer(tmp_path / "parts", [resumed, StopAt(99)], *settings)
-    trainer.fit()
-    assert trainer.state.step == 8
-    expected, got = whole.state_dict()["momentum"], resumed.state_dict()["momentum"]
-    assert expected.keys() == got.keys() and all(torch.equal(expected[name], got[name]) for name in expected)
-    final, whole_final = trainer.state.model.state_dict(), done.state.model.state_dict()
-    assert all(torch.equal(final[name], whole_final[name]) for name in final)
+    assert_resume_mid_epoch_is_exact(tmp_path, lambda: Muon(lr=0.1), "momentum")
