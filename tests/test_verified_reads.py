@@ -106,14 +106,17 @@ def test_a_run_counts_and_names_what_it_skipped_or_stops_in_one_line(converted_s
 def test_answers_damaged_in_transit_are_fetched_again_and_the_batches_are_local_disks(converted_sets, tmp_path,
                                                                                      backend, options, caplog):
     """nginx behind a proxy that flips one bit in each of its first answers' bodies: the samples they
-    held fail their checksums, are fetched again, and every batch is the one local disk gives."""
+    held fail their checksums, are fetched again, and every batch is the one local disk gives. As many
+    answers are damaged as a sample may be fetched again, so even one sample whose every fetch met a
+    damaged answer has a sound one left."""
     from benchmarks.latency_proxy import LatencyProxy
     from benchmarks.loopback_servers import Nginx
+    from pipeline.remote.shards import HEALING_FETCHES
     local = converted_sets["photos"]["webdataset"]
     server = Nginx(local.parent, tmp_path / "nginx")
     common = dict(split="val", batch_size=16, resolution=48, val_resolution=48, num_workers=1, drop_last=False)
     try:
-        with LatencyProxy("127.0.0.1", server.port, latency_ms=0, flip_first=4) as proxy, \
+        with LatencyProxy("127.0.0.1", server.port, latency_ms=0, flip_first=HEALING_FETCHES) as proxy, \
                 caplog.at_level(logging.WARNING):
             remote = build_loader(LoaderSpec(backend, path=f"{proxy.url}/{local.name}", cache_dir=str(tmp_path / "c"),
                                              fetch_size="64KiB", **common, **options))
@@ -121,7 +124,7 @@ def test_answers_damaged_in_transit_are_fetched_again_and_the_batches_are_local_
     finally:
         server.stop()
     healed = [r.getMessage() for r in caplog.records if "fetched again, sound" in r.getMessage()]
-    assert proxy.flipped == 4 and healed and remote.corrupt_in_epoch == 0
+    assert proxy.flipped == HEALING_FETCHES and healed and remote.corrupt_in_epoch == 0
     expected = [(images, labels) for images, labels in build_loader(LoaderSpec(backend, path=str(local), **common,
                                                                                 **options))]
     assert len(batches) == len(expected)
