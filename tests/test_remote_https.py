@@ -2,7 +2,8 @@
 by openssl: refused in one line while the CA is not trusted (certificates are verified by
 default), and read bit for bit as from local disk once SSL_CERT_FILE names it; through the S3
 API (nginx answering path-style requests, as an S3-compatible store inside a cluster does) once
-AWS_CA_BUNDLE or the AWS profile's `ca_bundle` names it."""
+AWS_CA_BUNDLE or the AWS profile's `ca_bundle` names it. Streamed through memory, the fetch
+process's own reads trust the same CA."""
 from __future__ import annotations
 
 import subprocess
@@ -13,6 +14,7 @@ from benchmarks.loopback_servers import Nginx
 from pipeline import LoaderSpec, build_loader
 from pipeline.datasets import read_converted
 from pipeline.errors import RemoteDataError
+from pipeline.remote.block_fetcher import REQUESTS
 
 
 SETTINGS = dict(backend="webdataset", split="val", batch_size=16, val_resolution=64, num_workers=2)
@@ -54,15 +56,17 @@ def test_an_untrusted_certificate_is_refused_in_one_line(https_server, monkeypat
     assert message.startswith(f"{server.url}/photos_wds/manifest.json: ") and "certificate" in message
 
 
-def test_with_its_ca_trusted_the_batches_are_those_of_local_disk(converted_sets, https_server, monkeypatch, tmp_path):
+@pytest.mark.parametrize("streamed", [False, True], ids=["disk-cache", "streamed"])
+def test_with_its_ca_trusted_the_batches_are_those_of_local_disk(converted_sets, https_server, monkeypatch, tmp_path,
+                                                                 streamed):
     server, ca = https_server
     monkeypatch.setenv("SSL_CERT_FILE", str(ca))
-    assert_same_batches(converted_sets, f"{server.url}/photos_wds", tmp_path)
+    assert_same_batches(converted_sets, f"{server.url}/photos_wds", tmp_path, streamed)
 
 
-@pytest.mark.parametrize("named_by", ["AWS_CA_BUNDLE", "profile"])
+@pytest.mark.parametrize("named_by,streamed", [("AWS_CA_BUNDLE", False), ("profile", False), ("AWS_CA_BUNDLE", True)])
 def test_s3_behind_a_private_ca_is_read_once_the_aws_way_names_it(converted_sets, https_server, monkeypatch,
-                                                                  tmp_path, named_by):
+                                                                  tmp_path, named_by, streamed):
     server, ca = https_server
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
@@ -79,13 +83,18 @@ def test_s3_behind_a_private_ca_is_read_once_the_aws_way_names_it(converted_sets
         (tmp_path / ".aws" / "config").write_text(f"[default]\nca_bundle = {ca}\n")
     else:
         monkeypatch.setenv("AWS_CA_BUNDLE", str(ca))
-    assert_same_batches(converted_sets, "s3://datasets/photos_wds", tmp_path)
+    assert_same_batches(converted_sets, "s3://datasets/photos_wds", tmp_path, streamed)
 
 
-def assert_same_batches(converted_sets, url: str, tmp_path) -> None:
+def assert_same_batches(converted_sets, url: str, tmp_path, streamed: bool) -> None:
     local = build_loader(LoaderSpec(path=str(converted_sets["photos"]["webdataset"]), **SETTINGS))
-    remote = build_loader(LoaderSpec(path=url, cache_dir=str(tmp_path / "cache"), **SETTINGS))
+    remote = build_loader(LoaderSpec(path=url, cache_dir=str(tmp_path / "cache"), cache_limit=1 if streamed else None,
+                                     **SETTINGS))
+    assert remote.stored.in_memory == streamed
     pairs = list(zip(local, remote))
     assert len(pairs) == len(local) > 0
     for (x1, y1), (x2, y2) in pairs:
         assert x1.equal(x2) and y1.equal(y2)
+    if streamed:        # the fetch process read every range itself, over TLS, trusting the same CA
+        shared = remote.stored.sources.fetch_process.shared
+        assert shared.direct_requests == shared.header[REQUESTS] > 0

@@ -18,6 +18,7 @@ import torch
 
 from pipeline import LoaderSpec, build_loader
 from pipeline.remote.block_cache import BLOCK_SUFFIX
+from pipeline.remote.block_fetcher import REQUESTS
 from pipeline.datasets import read_converted
 from pipeline.errors import DatasetError, RemoteDataError
 from pipeline.remote.block_plan import block_visits, cut_blocks, sample_spans
@@ -96,6 +97,15 @@ def test_s3_batches_equal_local_disk_and_resume(converted_sets, photos_in_s3, s3
     assert_same(batches(local, epoch=1, start=2), batches(resumed, epoch=1, start=2))
 
 
+def test_s3_ranges_streamed_are_read_by_presigned_urls(converted_sets, photos_in_s3, s3_env, tmp_path):
+    local = build_loader(spec(converted_sets["photos"]["webdataset"]))
+    remote = build_loader(spec(photos_in_s3, cache_dir=tmp_path / "cache", cache_limit=1))
+    assert remote.stored.in_memory
+    assert_same(batches(local), batches(remote))
+    shared = remote.stored.sources.fetch_process.shared
+    assert shared.direct_requests == shared.header[REQUESTS] > 0
+
+
 def test_s3_keys_from_a_credential_process_reach_the_fetch_process(converted_sets, photos_in_s3, moto_s3,
                                                                    moto_reader, monkeypatch, tmp_path):
     """A split streamed through memory from S3 with the keys of the AWS profile's
@@ -112,7 +122,11 @@ def test_s3_keys_from_a_credential_process_reach_the_fetch_process(converted_set
         assert_same(expected, batches(remote))
         # the fetch process got the split's bytes itself: a request it made unsigned would be refused
         from pipeline.remote.block_fetcher import BYTES
-        assert int(remote.stored.sources.fetch_process.shared.header[BYTES]) >= remote.stored.split_bytes // 2
+        shared = remote.stored.sources.fetch_process.shared
+        assert int(shared.header[BYTES]) >= remote.stored.split_bytes // 2
+        # moto's checks take no presigned URL (they want an Authorization header): each direct read
+        # was refused, obstore read the range again, and after a few the fetch process read through obstore alone
+        assert shared.direct_requests == 0
     assert len(ran.read_text().splitlines()) == 1       # the keys it gave travel with the store's options
 
 
@@ -129,6 +143,9 @@ def test_gs_batches_equal_local_disk(converted_sets, tmp_path, monkeypatch, cach
         remote = build_loader(spec(source.url_for(local), cache_dir=tmp_path, **options))
         assert remote.stored.in_memory == (cache_limit is not None)
         assert_same(batches(build_loader(spec(local))), batches(remote))
+        if remote.stored.in_memory:     # an account without a key signs no URL: obstore read every range
+            shared = remote.stored.sources.fetch_process.shared
+            assert shared.direct_requests == 0 < shared.header[REQUESTS]
         [nginx] = source._servers
         assert "GET /bench/photos_wds/train/shard-000000.tar " in unquote(nginx.access_log.read_text())
 
@@ -147,6 +164,9 @@ def test_http_user_and_password_in_the_url_are_sent_to_the_server(converted_sets
                                    cache_dir=tmp_path / "cache", **options))
         assert remote.stored.in_memory == (cache_limit is not None)
         assert_same(batches(build_loader(spec(local))), batches(remote))
+        if remote.stored.in_memory:     # read directly with the password as a header, as obstore sends it
+            shared = remote.stored.sources.fetch_process.shared
+            assert shared.direct_requests == shared.header[REQUESTS] > 0
         refused = {}
         for url in (f"http://reader:not-the-password@127.0.0.1:{port}/photos_wds", f"{server.url}/photos_wds"):
             with pytest.raises(RemoteDataError) as caught:
@@ -233,6 +253,7 @@ def test_a_split_larger_than_the_cache_streams_through_memory(converted_sets, ph
     assert 0 < shared.peak_bytes <= remote.stored.ahead_bytes + 2 * 16 * remote.stored.block_bytes < split_bytes
     assert shared.peak_bytes <= shared.slots * shared.slot_bytes
     assert not list(tmp_path.rglob(f"*{BLOCK_SUFFIX}"))
+    assert shared.direct_requests == shared.header[REQUESTS] > 0      # each range read into its slot directly
     # resumed mid-epoch, and a sample read alone (Pillow's fallback, DALI's source)
     assert_same(batches(local, epoch=1, start=3), batches(remote, epoch=1, start=3))
     assert remote.stored.read(5) == local.stored.read(5)

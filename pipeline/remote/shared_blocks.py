@@ -215,6 +215,11 @@ class SharedBlocks:
         return int(self.header[PEAK_BYTES])
 
     @property
+    def direct_requests(self) -> int:
+        """The requests the fetcher read directly (`direct_ranges.py`), of all it made."""
+        return int(self.header[block_fetcher.DIRECT_REQUESTS])
+
+    @property
     def peak_in_flight(self) -> int:
         """The most requests the fetcher has had in flight at once."""
         return int(self.header[PEAK_IN_FLIGHT])

@@ -1,0 +1,94 @@
+"""The fetch process's direct range reads (`pipeline/remote/direct_ranges.py`) against real servers on
+loopback: nginx over http and through the S3 API (URLs signed by obstore), and Python's own
+http.server, which ignores Range; where they are not used at all."""
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+
+import numpy as np
+import pytest
+
+from benchmarks.loopback_servers import Nginx
+from pipeline.remote.direct_ranges import DirectRanges, direct_ranges
+from pipeline.storage.object_store import open_store
+
+RANGES = [(0, 1), (5, 70_000), (123_456, 200_000), (299_999, 300_000)]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    data = np.random.default_rng(3).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    (root / "bucket" / "a folder").mkdir(parents=True)
+    (root / "bucket" / "a folder" / "shard 0.tar").write_bytes(data)
+    server = Nginx(root, tmp_path_factory.mktemp("nginx"))
+    yield server, data
+    server.stop()
+
+
+def read_all(reader: DirectRanges, ranges) -> list[bytes]:
+    out = []
+    for start, end in ranges:
+        into = memoryview(bytearray(end - start))
+        reader.read_into(0, start, end, into)
+        out.append(bytes(into))
+    return out
+
+
+def test_ranges_of_an_http_store_are_the_objects_bytes(served):
+    server, data = served
+    store = open_store(f"{server.url}/bucket/a%20folder")
+    reader = direct_ranges(store.client, store.client_url, store.options, ["shard 0.tar"])
+    assert reader is not None and not reader.signs
+    assert read_all(reader, RANGES) == [data[start:end] for start, end in RANGES]
+
+
+def test_s3_ranges_go_by_urls_that_obstore_signs_and_signs_again_as_they_age(served, monkeypatch):
+    server, data = served
+    for name, value in (("AWS_ENDPOINT_URL", server.url), ("AWS_ACCESS_KEY_ID", "reader"),
+                        ("AWS_SECRET_ACCESS_KEY", "secret"), ("AWS_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    store = open_store("s3://bucket/a folder")
+    reader = DirectRanges(store.client, store.client_url, store.options, ["shard 0.tar"], signed_for_s=0)
+    assert reader.signs and reader.signings == 1
+    assert read_all(reader, RANGES) == [data[start:end] for start, end in RANGES]
+    assert reader.signings == 1 + len(RANGES)       # each read found the URLs past half their life
+    assert "X-Amz-Signature=" in server.access_log.read_text()
+
+
+class _NoRanges(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_that_ignores_range_is_an_error_and_the_next_read_opens_a_new_connection(served, tmp_path):
+    _, data = served
+    (tmp_path / "shard.tar").write_bytes(data)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_NoRanges, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        store = open_store(url)
+        reader = direct_ranges(store.client, store.client_url, store.options, ["shard.tar"])
+        for _ in range(2):
+            with pytest.raises(OSError, match="HTTP 200 .* for a range request"):
+                read_all(reader, [(10, 20)])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("variable", ["HTTP_PROXY", "http_proxy", "ALL_PROXY"])
+def test_not_used_where_a_proxy_is_set_for_the_host_or_the_url_has_a_query(served, monkeypatch, variable):
+    server, _ = served
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    store = open_store(f"{server.url}/bucket")
+    assert direct_ranges(store.client, f"{server.url}/bucket?token=x", store.options, ["a"]) is None
+    monkeypatch.setenv(variable, "http://proxy.internal:3128")
+    assert direct_ranges(store.client, store.client_url, store.options, ["a"]) is None
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    assert direct_ranges(store.client, store.client_url, store.options, ["a"]) is not None
