@@ -1,4 +1,4 @@
-"""The fetch process's direct range reads (`pipeline/remote/direct_ranges.py`) against real servers on
+"""Direct range reads (`pipeline/storage/direct_ranges.py`) against real servers on
 loopback: nginx over http and through the S3 API (URLs signed by obstore), and Python's own
 http.server, which ignores Range; where they are not used at all."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks.loopback_servers import Nginx
-from pipeline.remote.direct_ranges import DirectRanges, direct_ranges
+from pipeline.storage.direct_ranges import FAILURES_IN_A_ROW, DirectRanges, direct_ranges
 from pipeline.storage.object_store import open_store
 
 RANGES = [(0, 1), (5, 70_000), (123_456, 200_000), (299_999, 300_000)]
@@ -28,21 +28,17 @@ def served(tmp_path_factory):
     server.stop()
 
 
-def read_all(reader: DirectRanges, ranges) -> list[bytes]:
-    out = []
-    for start, end in ranges:
-        into = memoryview(bytearray(end - start))
-        reader.read_into(0, start, end, into)
-        out.append(bytes(into))
-    return out
+def read_all(reader: DirectRanges, name: str, ranges) -> list[bytes]:
+    return [bytes(reader.read(name, start, end)) for start, end in ranges]
 
 
 def test_ranges_of_an_http_store_are_the_objects_bytes(served):
     server, data = served
     store = open_store(f"{server.url}/bucket/a%20folder")
-    reader = direct_ranges(store.client, store.client_url, store.options, ["shard 0.tar"])
+    reader = direct_ranges(store.client, store.client_url, store.options)
     assert reader is not None and not reader.signs
-    assert read_all(reader, RANGES) == [data[start:end] for start, end in RANGES]
+    assert read_all(reader, "shard 0.tar", RANGES) == [data[start:end] for start, end in RANGES]
+    assert bytes(store.read_range("shard 0.tar", 7, 9000)) == data[7:9000] and store.direct_requests == 1
 
 
 def test_s3_ranges_go_by_urls_that_obstore_signs_and_signs_again_as_they_age(served, monkeypatch):
@@ -51,9 +47,9 @@ def test_s3_ranges_go_by_urls_that_obstore_signs_and_signs_again_as_they_age(ser
                         ("AWS_SECRET_ACCESS_KEY", "secret"), ("AWS_REGION", "us-east-1")):
         monkeypatch.setenv(name, value)
     store = open_store("s3://bucket/a folder")
-    reader = DirectRanges(store.client, store.client_url, store.options, ["shard 0.tar"], signed_for_s=0)
+    reader = DirectRanges(store.client, store.client_url, store.options, signed_for_s=0)
     assert reader.signs and reader.signings == 1
-    assert read_all(reader, RANGES) == [data[start:end] for start, end in RANGES]
+    assert read_all(reader, "shard 0.tar", RANGES) == [data[start:end] for start, end in RANGES]
     assert reader.signings == 1 + len(RANGES)       # each read found the URLs past half their life
     assert "X-Amz-Signature=" in server.access_log.read_text()
 
@@ -64,6 +60,7 @@ class _NoRanges(http.server.SimpleHTTPRequestHandler):
 
 
 def test_a_server_that_ignores_range_is_an_error_and_the_next_read_opens_a_new_connection(served, tmp_path):
+    """Until FAILURES_IN_A_ROW, after which the reader is no longer to be used."""
     _, data = served
     (tmp_path / "shard.tar").write_bytes(data)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_NoRanges, directory=str(tmp_path)))
@@ -71,10 +68,12 @@ def test_a_server_that_ignores_range_is_an_error_and_the_next_read_opens_a_new_c
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         store = open_store(url)
-        reader = direct_ranges(store.client, store.client_url, store.options, ["shard.tar"])
-        for _ in range(2):
+        reader = direct_ranges(store.client, store.client_url, store.options)
+        for _ in range(FAILURES_IN_A_ROW):
+            assert reader.usable
             with pytest.raises(OSError, match="HTTP 200 .* for a range request"):
-                read_all(reader, [(10, 20)])
+                reader.read("shard.tar", 10, 20)
+        assert not reader.usable
     finally:
         server.shutdown()
         server.server_close()
@@ -87,8 +86,8 @@ def test_not_used_where_a_proxy_is_set_for_the_host_or_the_url_has_a_query(serve
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.lower(), raising=False)
     store = open_store(f"{server.url}/bucket")
-    assert direct_ranges(store.client, f"{server.url}/bucket?token=x", store.options, ["a"]) is None
+    assert direct_ranges(store.client, f"{server.url}/bucket?token=x", store.options) is None
     monkeypatch.setenv(variable, "http://proxy.internal:3128")
-    assert direct_ranges(store.client, store.client_url, store.options, ["a"]) is None
+    assert direct_ranges(store.client, store.client_url, store.options) is None
     monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
-    assert direct_ranges(store.client, store.client_url, store.options, ["a"]) is not None
+    assert direct_ranges(store.client, store.client_url, store.options) is not None

@@ -7,7 +7,7 @@ Why a process of its own: a fetch costs little CPU, but in the training process 
 few turns of the GIL in a fetch thread, and the training step's thread waits for those turns.
 Here the GIL is the fetcher's own; the training process only reads slot numbers from shared memory.
 
-It imports the standard library, numpy, obstore and `direct_ranges.py` beside it alone (the
+It imports the standard library, numpy, obstore and `pipeline/storage/direct_ranges.py` alone (the
 `pipeline` package imports torch), and it is started before its work is known (`shared_blocks.FetchProcess`), so that its
 interpreter and libraries load while the loader builds and plans its first epoch:
 `python -P block_fetcher.py CONTROL WAKE MEMORY`, three inherited file descriptors:
@@ -31,9 +31,9 @@ time: its next visit is fetched once the loader is past the last batch of the on
 this process has seen it pass (it may be late to: a busy node). The loader checks that a held
 block's span covers the bytes a batch reads, and waits where it does not.
 
-Each range is read straight into its slot by `direct_ranges.py` (threads of plain HTTP GETs, a
-third of obstore's CPU) where the store allows it, else by obstore; a range the direct read fails
-is read again by obstore, and after DIRECT_FAILURES failures in a row obstore reads every range.
+Each range is read straight into its slot by `direct_ranges.py` (threads of plain HTTP GETs, about
+half obstore's CPU) where the store allows it, else by obstore; a range the direct read fails
+is read again by obstore, as is every range once the direct reader is no longer `usable`.
 
 Requests in flight: enough to keep up with the loader across the store's round trip (Little's
 law: twice the bytes it reads a second times a request's time, in blocks), from the setup's
@@ -65,7 +65,6 @@ HEADER_WORDS = 9
 ABSENT, FAILED, FETCHING = -1, -2, -3
 PAGE = 4096
 RATE_EVERY_S = 0.5      # how often the loader's rate and the round trip are measured again
-DIRECT_FAILURES = 8     # direct reads failed in a row, after which obstore reads every range
 
 
 @dataclass
@@ -95,12 +94,11 @@ def layout(blocks: int, slots: int, slot_bytes: int) -> tuple[int, int, int, int
 class Fetcher:
     def __init__(self, control, wake: int, memory_fd: int, settings: FetcherSettings):
         import obstore.store
-        from direct_ranges import direct_ranges     # this file's folder: on the path (`main`)
+        from direct_ranges import direct_ranges     # imported by `main`, from pipeline/storage/
         self.control, self.wake = control, wake
         self.store = obstore.store.from_url(settings.url, **settings.store_options)
         self.names = settings.names
-        self.direct = direct_ranges(self.store, settings.url, settings.store_options, self.names)
-        self.direct_failures = 0
+        self.direct = direct_ranges(self.store, settings.url, settings.store_options)
         # A thread a request in flight: each waits on its own connection, at no CPU
         self.pool = ThreadPoolExecutor(settings.most_in_flight, "ranges") if self.direct else None
         self.block_shard, self.block_start, self.block_end = settings.block_shard, settings.block_start, settings.block_end
@@ -265,16 +263,13 @@ class Fetcher:
 
     async def _read(self, shard: int, start: int, end: int, into: memoryview) -> bool:
         """Bytes [start, end) of the shard into `into`: True where read directly, False by obstore."""
-        if self.direct is not None:
+        if self.direct is not None and self.direct.usable:
             try:
-                await asyncio.get_running_loop().run_in_executor(self.pool, self.direct.read_into, shard, start, end,
-                                                                 into)
-                self.direct_failures = 0
+                await asyncio.get_running_loop().run_in_executor(self.pool, self.direct.read_into, self.names[shard],
+                                                                 start, end, into)
                 return True
             except OSError:
-                self.direct_failures += 1
-                if self.direct_failures >= DIRECT_FAILURES:
-                    self.direct = None
+                pass
         import obstore
         # get_range_async rather than get_async(options={"range": ..., "if_match": ...}) and bytes_async,
         # which would pin the object's version: that took 22% more CPU here for 1 MiB ranges from nginx
@@ -293,7 +288,8 @@ def main(argv: list[str]) -> None:
     # Read by tokio when obstore first builds its runtime, below
     os.environ.setdefault("TOKIO_WORKER_THREADS", str(max(1, min(4, len(os.sched_getaffinity(0)) // 8))))
     import obstore.store  # noqa: F401 - loaded while the loader plans, not once it waits
-    sys.path.insert(0, str(Path(__file__).resolve().parent))      # for direct_ranges.py, without `pipeline`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "storage"))   # direct_ranges.py, not `pipeline`
+    import direct_ranges  # noqa: F401 - as obstore
     try:
         message = control.recv()
     except (EOFError, OSError):     # the loader never needed it (its split stayed on disk) or is gone

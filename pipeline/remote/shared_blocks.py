@@ -58,8 +58,10 @@ class FetchProcess:
         os.set_blocking(self.wake, False)
         fds = (theirs.fileno(), wake_read, self.memory_fd)
         try:
+            # One BLAS thread: numpy's pool would spin up on the cores the loader is building with
             self.process = subprocess.Popen([sys.executable, "-P", str(FETCHER), *map(str, fds)], pass_fds=fds,
-                                            stdin=subprocess.DEVNULL, close_fds=True)
+                                            stdin=subprocess.DEVNULL, close_fds=True,
+                                            env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
         except OSError:
             self.control.close()
             os.close(self.wake)
