@@ -28,8 +28,14 @@ def served(tmp_path_factory):
     server.stop()
 
 
+def read(reader: DirectRanges, name: str, start: int, end: int) -> bytes:
+    into = bytearray(end - start)
+    reader.read_into(name, start, end, memoryview(into))
+    return bytes(into)
+
+
 def read_all(reader: DirectRanges, name: str, ranges) -> list[bytes]:
-    return [bytes(reader.read(name, start, end)) for start, end in ranges]
+    return [read(reader, name, start, end) for start, end in ranges]
 
 
 def test_ranges_of_an_http_store_are_the_objects_bytes(served):
@@ -38,7 +44,6 @@ def test_ranges_of_an_http_store_are_the_objects_bytes(served):
     reader = direct_ranges(store.client, store.client_url, store.options)
     assert reader is not None and not reader.signs
     assert read_all(reader, "shard 0.tar", RANGES) == [data[start:end] for start, end in RANGES]
-    assert bytes(store.read_range("shard 0.tar", 7, 9000)) == data[7:9000] and store.direct_requests == 1
 
 
 def test_s3_ranges_go_by_urls_that_obstore_signs_and_signs_again_as_they_age(served, monkeypatch):
@@ -72,7 +77,7 @@ def test_a_server_that_ignores_range_is_an_error_and_the_next_read_opens_a_new_c
         for _ in range(FAILURES_IN_A_ROW):
             assert reader.usable
             with pytest.raises(OSError, match="HTTP 200 .* for a range request"):
-                reader.read("shard.tar", 10, 20)
+                read(reader, "shard.tar", 10, 20)
         assert not reader.usable
     finally:
         server.shutdown()

@@ -7,9 +7,10 @@ Why a process of its own: a fetch costs little CPU, but in the training process 
 few turns of the GIL in a fetch thread, and the training step's thread waits for those turns.
 Here the GIL is the fetcher's own; the training process only reads slot numbers from shared memory.
 
-It imports the standard library, numpy, obstore and `pipeline/storage/direct_ranges.py` alone (the
-`pipeline` package imports torch), and it is started before its work is known (`shared_blocks.FetchProcess`), so that its
-interpreter and libraries load while the loader builds and plans its first epoch:
+It imports the standard library, numpy, obstore and `pipeline/storage/direct_ranges.py` alone
+(the `pipeline` package imports torch), and it is started before its work is known
+(`shared_blocks.FetchProcess`), so that its interpreter and libraries load while the loader
+builds and plans its first epoch:
 `python -P block_fetcher.py CONTROL WAKE MEMORY`, three inherited file descriptors:
 - CONTROL, a socket of pickled messages from the loader: ("setup", the fields of a
   `FetcherSettings`), then any number of

@@ -100,8 +100,8 @@ class SplitBlocks:
     def fetch(self, block: int) -> memoryview:
         shard = self.shards[int(self.plan.block_shard[block])]
         start, end = int(self.plan.block_start[block]), int(self.plan.block_end[block])
-        data = self.source.store.read_range(shard.object_name, start, end)
-        if len(data) != end - start:     # read_range checks this; a block file must never be short
+        data = self.source.store.read_ranges(shard.object_name, [(start, end)])[0]
+        if len(data) != end - start:     # read_ranges checks this; a block file must never be short
             raise RemoteDataError(f"{shard.tar}: {len(data)} bytes at {start} where {end - start} were asked for")
         return data
 

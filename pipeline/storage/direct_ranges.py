@@ -1,11 +1,13 @@
 """Byte ranges of a store's objects read by plain HTTP/1.1 GETs straight into the caller's memory,
-over one kept-alive connection per thread: how the fetch process and the loader's own fetch
-threads read blocks, where the store allows.
+over one kept-alive connection per thread: how the fetch process of a streamed split
+(`pipeline/remote/block_fetcher.py`) reads its blocks into their slots, where the store allows.
 
 Why: on a node whose cores all decode, the CPU a fetch costs is taken from the decode. For 1 MiB
 ranges from nginx on loopback, obstore's reads cost 0.67-0.75 ms of CPU a MiB, and each response
-is copied once more where it goes; these cost about 0.4 (`benchmarks/fetch_clients.py`, in
-docs/remote.md).
+is copied once more into its slot; these cost about 0.4 (`benchmarks/fetch_clients.py`; figures
+in docs/loaders.md). Not in the training process: there each read takes a turn of the GIL per
+chunk received where obstore's takes two a request, and a split kept on disk ran its first epoch
+about 4% slower with them (the same tree, alternating; the disk path's threads read through obstore).
 
 Which stores: s3:// and gs:// through URLs that obstore signs (`obstore.sign`: the store's own
 credentials and endpoint), each signed again once half of SIGNED_FOR_S has passed; http(s)://
@@ -18,8 +20,8 @@ without a key). A read that fails raises OSError and the caller reads the range 
 with its retries and its one-line errors; after FAILURES_IN_A_ROW the reader is no longer `usable`
 (a store that refuses presigned URLs, say).
 
-Standard library and obstore only: the fetch process (`pipeline/remote/block_fetcher.py`) loads
-this file without the `pipeline` package, which imports torch.
+Standard library and obstore only: the fetch process loads this file without the `pipeline`
+package, which imports torch.
 """
 from __future__ import annotations
 
@@ -126,12 +128,6 @@ class DirectRanges:
             del self._local.connections[(scheme, host, port)]
             raise OSError(str(error) or type(error).__name__) from None
         self.failures = 0
-
-    def read(self, name: str, start: int, end: int) -> memoryview:
-        """Bytes [start, end) of object `name`, or an OSError."""
-        into = memoryview(bytearray(end - start))
-        self.read_into(name, start, end, into)
-        return into
 
 
 def direct_ranges(store, url: str, options: dict) -> DirectRanges | None:

@@ -5,10 +5,8 @@ Conventions: S3 credentials, region and endpoint come from the usual AWS_* varia
 (`AWS_ENDPOINT_URL` for S3-compatible stores) and the AWS profile, GCS from GOOGLE_* ones
 (`pipeline/storage/credentials.py`); HTTPS certificates are verified. Requests are retried with
 backoff by obstore (5xx, connection resets, timeouts); a response shorter than asked for is read
-again once. A block's range (`read_range`) goes by plain HTTP straight into memory where the
-store allows (`pipeline/storage/direct_ranges.py`: half obstore's CPU), and by obstore where that
-fails. Every failure is one `RemoteDataError` line (`pipeline/storage/errors.py`) naming the URL
-through `redact` (`pipeline/storage/urls.py`), so credentials carried in a URL are never printed.
+again once. Every failure is one `RemoteDataError` line (`pipeline/storage/errors.py`) naming the
+URL through `redact` (`pipeline/storage/urls.py`), so credentials carried in a URL are never printed.
 """
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pipeline.errors import RemoteDataError
 from pipeline.storage.credentials import instance_answers, s3_ca_bundle, s3_options
-from pipeline.storage.direct_ranges import DirectRanges, direct_ranges
 from pipeline.storage.errors import NO_CREDENTIALS, describe_error, store_error
 from pipeline.storage.urls import client_url, is_url, redact
 
@@ -54,9 +51,7 @@ class ObjectStore:
         self.url = url.rstrip("/")
         self.shown = redact(self.url)
         self.requests = self.bytes_read = 0       # made and received by this process, for the benchmarks
-        self.direct_requests = 0                  # of which read by the direct reader
         self._counter_lock = threading.Lock()
-        self._direct: DirectRanges | None | bool = False     # False: not made yet
         # Kept for the fetch process of a streamed split (pipeline/remote/shared_blocks.py), which opens its own
         self.client_url = client_url(self.url)
         try:
@@ -99,29 +94,6 @@ class ObjectStore:
             raise store_error(self.where(name), error) from None
         self.count(1, len(data))
         return data
-
-    def read_range(self, name: str, start: int, end: int) -> memoryview:
-        """Bytes [start, end) of the object: read directly where the store allows, else (and where
-        that read fails) by obstore, as `read_ranges` reads."""
-        direct = self._direct_reader()
-        if direct is not None and direct.usable:
-            try:
-                data = direct.read(name, start, end)
-            except OSError:
-                pass
-            else:
-                self.count(1, end - start)
-                with self._counter_lock:
-                    self.direct_requests += 1
-                return data
-        return self.read_ranges(name, [(start, end)])[0]
-
-    def _direct_reader(self) -> DirectRanges | None:
-        if self._direct is False:
-            with self._counter_lock:
-                if self._direct is False:
-                    self._direct = direct_ranges(self.client, self.client_url, self.options)
-        return self._direct
 
     def read_ranges(self, name: str, ranges: list[tuple[int, int]]) -> list[memoryview]:
         """The bytes of each (start, end) range, in the order given, as views of the responses
