@@ -5,7 +5,7 @@ taken from the decode.
     python benchmarks/fetch_clients.py [--mib 512] [--rounds 2] [--save]
 
 - `obstore async`: `get_range_async`, `--in-flight` at once on one event loop, each response then
-  copied into its slot (the fetch process's reads before `direct_ranges.py`, and its fallback);
+  copied into its slot (the fetch process's fallback);
 - `obstore sync`: `get_range` in `--threads` threads, each response copied into its slot;
 - `direct`: `pipeline/storage/direct_ranges.py` in `--threads` threads, each range read into its slot.
 

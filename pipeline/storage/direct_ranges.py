@@ -3,11 +3,12 @@ over one kept-alive connection per thread: how the fetch process of a streamed s
 (`pipeline/remote/block_fetcher.py`) reads its blocks into their slots, where the store allows.
 
 Why: on a node whose cores all decode, the CPU a fetch costs is taken from the decode. For 1 MiB
-ranges from nginx on loopback, obstore's reads cost 0.67-0.75 ms of CPU a MiB, and each response
-is copied once more into its slot; these cost about 0.4 (`benchmarks/fetch_clients.py`; figures
-in docs/loaders.md). Not in the training process: there each read takes a turn of the GIL per
-chunk received where obstore's takes two a request, and a split kept on disk ran its first epoch
-about 4% slower with them (the same tree, alternating; the disk path's threads read through obstore).
+ranges from nginx on loopback, obstore's async reads cost about 0.85 ms of CPU a MiB (0.75 in
+threads) and each response is then copied into its slot; these cost about 0.43
+(`benchmarks/fetch_clients.py`; figures in docs/loaders.md). Not in the training process: there
+each read takes a turn of the GIL per chunk received where obstore's takes two a request, and a
+split kept on disk ran its first epoch about 4% slower with them than with obstore's (alternating
+runs of one tree), so the disk path's threads read through obstore.
 
 Which stores: s3:// and gs:// through URLs that obstore signs (`obstore.sign`: the store's own
 credentials and endpoint), each signed again once half of SIGNED_FOR_S has passed; http(s)://
