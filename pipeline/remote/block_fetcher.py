@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import importlib.util
 import mmap
 import os
 import sys
@@ -95,7 +96,7 @@ def layout(blocks: int, slots: int, slot_bytes: int) -> tuple[int, int, int, int
 class Fetcher:
     def __init__(self, control, wake: int, memory_fd: int, settings: FetcherSettings):
         import obstore.store
-        from direct_ranges import direct_ranges     # imported by `main`, from pipeline/storage/
+        from direct_ranges import direct_ranges     # loaded by `main`, by its path
         self.control, self.wake = control, wake
         self.store = obstore.store.from_url(settings.url, **settings.store_options)
         self.names = settings.names
@@ -281,6 +282,13 @@ class Fetcher:
         return False
 
 
+def _load_by_path(name: str, path: Path) -> None:
+    """The module at `path`, imported as `name`: by its package's name it would import `pipeline`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
 def main(argv: list[str]) -> None:
     from multiprocessing.connection import Connection
     control, wake, memory_fd = Connection(int(argv[1])), int(argv[2]), int(argv[3])
@@ -289,8 +297,7 @@ def main(argv: list[str]) -> None:
     # Read by tokio when obstore first builds its runtime, below
     os.environ.setdefault("TOKIO_WORKER_THREADS", str(max(1, min(4, len(os.sched_getaffinity(0)) // 8))))
     import obstore.store  # noqa: F401 - loaded while the loader plans, not once it waits
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "storage"))   # direct_ranges.py, not `pipeline`
-    import direct_ranges  # noqa: F401 - as obstore
+    _load_by_path("direct_ranges", Path(__file__).resolve().parents[1] / "storage" / "direct_ranges.py")
     try:
         message = control.recv()
     except (EOFError, OSError):     # the loader never needed it (its split stayed on disk) or is gone
