@@ -198,6 +198,7 @@ def measure(config: dict) -> dict:
                        cache_limit=config["options"]["cache_limit"], streamed_in_memory=loader.stored.in_memory,
                        fetch_size=loader.stored.block_bytes,
                        fetch_process_cpu_s_per_epoch=statistics.median(fetch_process_cpu[1:]),
+                       fetch_process_direct_share=fetch_process_direct_share(loader),
                        server_cpu_s_per_epoch=statistics.median(server_cpu[1:]))
         shutil.rmtree(config["options"]["cache_dir"], ignore_errors=True)
     if stages_after_warmup and loader.engine_samples > stages_after_warmup[1]:
@@ -218,6 +219,16 @@ def fetch_process_seconds(loader) -> float:
     fetch_process = getattr(getattr(loader.stored, "sources", None), "fetch_process", None)
     shared = fetch_process.shared if fetch_process is not None else None
     return cpu_seconds(shared.process.pid, descendants=False) if shared is not None else 0.0
+
+
+def fetch_process_direct_share(loader) -> float | None:
+    """The share of its requests the fetch process read directly (`pipeline/storage/direct_ranges.py`),
+    not through obstore; None without one."""
+    fetch_process = getattr(getattr(loader.stored, "sources", None), "fetch_process", None)
+    shared = fetch_process.shared if fetch_process is not None else None
+    if shared is None or not shared.counted_requests:
+        return None
+    return shared.direct_requests / shared.counted_requests
 
 
 def servers_seconds(remote: dict) -> float:
@@ -411,7 +422,9 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                               f"{figures.get('first_epoch_share_of_local', float('nan')):.2f}x local, "
                               f"{figures['first_epoch_fetched_bytes'] / 2**20:.1f} MiB in "
                               f"{figures['first_epoch_requests']} requests; CPU-s per epoch: "
-                              f"fetch process {figures['fetch_process_cpu_s_per_epoch']:.2f}, "
+                              f"fetch process {figures['fetch_process_cpu_s_per_epoch']:.2f}"
+                              + ("" if figures["fetch_process_direct_share"] is None else
+                                 f" ({figures['fetch_process_direct_share']:.0%} of its requests direct)") + ", "
                               f"server here {figures['server_cpu_s_per_epoch']:.2f}")
                     if "engine_us_per_image" in figures:
                         print(" " * 18 + "engine, CPU us per image: " + ", ".join(

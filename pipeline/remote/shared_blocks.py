@@ -218,8 +218,12 @@ class SharedBlocks:
 
     @property
     def direct_requests(self) -> int:
-        """The requests the fetcher read directly (`direct_ranges.py`), of all it made."""
+        """The requests the fetcher read directly (`direct_ranges.py`), of the `counted_requests` it made."""
         return int(self.header[block_fetcher.DIRECT_REQUESTS])
+
+    @property
+    def counted_requests(self) -> int:
+        return int(self.header[REQUESTS])
 
     @property
     def peak_in_flight(self) -> int:
