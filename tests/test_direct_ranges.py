@@ -59,6 +59,25 @@ def test_s3_ranges_go_by_urls_that_obstore_signs_and_signs_again_as_they_age(ser
     assert "X-Amz-Signature=" in server.access_log.read_text()
 
 
+def test_a_connection_the_server_closed_while_idle_is_opened_again_and_not_counted_a_failure(tmp_path):
+    """As a store closes kept-alive connections idle past its timeout (a long evaluation): here the
+    server itself is replaced, on the same port, between two reads of the same thread."""
+    data = np.random.default_rng(4).integers(0, 256, 10_000, dtype=np.uint8).tobytes()
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "shard.tar").write_bytes(data)
+    server = Nginx(tmp_path / "served", tmp_path / "nginx")
+    try:
+        store = open_store(server.url)
+        reader = direct_ranges(store.client, store.client_url, store.options)
+        assert read(reader, "shard.tar", 0, 100) == data[:100]
+        server.stop()
+        server = Nginx(tmp_path / "served", tmp_path / "nginx-again", port=server.port)
+        assert read(reader, "shard.tar", 100, 5000) == data[100:5000]
+        assert reader.failures == 0
+    finally:
+        server.stop()
+
+
 class _NoRanges(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass

@@ -94,41 +94,53 @@ class DirectRanges:
                 self.context = context
             return self.context
 
-    def _connection(self, scheme: str, host: str, port: int) -> http.client.HTTPConnection:
+    def _connection(self, scheme: str, host: str, port: int) -> tuple[http.client.HTTPConnection, bool]:
+        """This thread's connection to the server, and whether it was opened now."""
         connections = self._local.__dict__.setdefault("connections", {})
         connection = connections.get((scheme, host, port))
-        if connection is None:
-            if scheme == "https":
-                connection = http.client.HTTPSConnection(host, port, timeout=self.timeout_s, context=self._tls())
-            else:
-                connection = http.client.HTTPConnection(host, port, timeout=self.timeout_s)
-            connections[(scheme, host, port)] = connection
-        return connection
+        if connection is not None:
+            return connection, False
+        if scheme == "https":
+            connection = http.client.HTTPSConnection(host, port, timeout=self.timeout_s, context=self._tls())
+        else:
+            connection = http.client.HTTPConnection(host, port, timeout=self.timeout_s)
+        connections[(scheme, host, port)] = connection
+        return connection, True
 
     def read_into(self, name: str, start: int, end: int, into: memoryview) -> None:
-        """Bytes [start, end) of object `name` into `into` (end - start bytes long), or an OSError."""
+        """Bytes [start, end) of object `name` into `into` (end - start bytes long), or an OSError.
+        A kept-alive connection the server has closed since (its idle timeout, during a long
+        evaluation) is replaced and the read made again, and is not counted as a failure."""
         scheme, host, port, target = self._target(name)
-        connection = self._connection(scheme, host, port)
-        try:
-            connection.request("GET", target, headers={**self.headers, "Range": f"bytes={start}-{end - 1}"})
-            response = connection.getresponse()
-            content_range = response.getheader("Content-Range", "")
-            if response.status != 206 or not content_range.startswith(f"bytes {start}-{end - 1}/"):
-                raise OSError(f"HTTP {response.status} ({content_range or 'no Content-Range'}) for a range request")
-            got = 0
-            while got < end - start:
-                count = response.readinto(into[got:end - start])
-                if not count:
-                    raise OSError(f"{got} bytes of {end - start} before the connection ended")
-                got += count
-            if response.read(1):
-                raise OSError("a response longer than the range asked for")
-        except (OSError, http.client.HTTPException) as error:
-            self.failures += 1
-            connection.close()      # its state is unknown: the next read opens another
-            del self._local.connections[(scheme, host, port)]
-            raise OSError(str(error) or type(error).__name__) from None
-        self.failures = 0
+        while True:
+            connection, opened = self._connection(scheme, host, port)
+            try:
+                self._read(connection, target, start, end, into)
+            except (OSError, http.client.HTTPException) as error:
+                connection.close()      # its state is unknown: the next read opens another
+                del self._local.connections[(scheme, host, port)]
+                if opened:
+                    self.failures += 1
+                    raise OSError(str(error) or type(error).__name__) from None
+                continue
+            self.failures = 0
+            return
+
+    def _read(self, connection: http.client.HTTPConnection, target: str, start: int, end: int,
+              into: memoryview) -> None:
+        connection.request("GET", target, headers={**self.headers, "Range": f"bytes={start}-{end - 1}"})
+        response = connection.getresponse()
+        content_range = response.getheader("Content-Range", "")
+        if response.status != 206 or not content_range.startswith(f"bytes {start}-{end - 1}/"):
+            raise OSError(f"HTTP {response.status} ({content_range or 'no Content-Range'}) for a range request")
+        got = 0
+        while got < end - start:
+            count = response.readinto(into[got:end - start])
+            if not count:
+                raise OSError(f"{got} bytes of {end - start} before the connection ended")
+            got += count
+        if response.read(1):
+            raise OSError("a response longer than the range asked for")
 
 
 def direct_ranges(store, url: str, options: dict) -> DirectRanges | None:
