@@ -214,21 +214,25 @@ def first_epoch_rate(figures: dict) -> float:
     return figures["images_per_epoch"] / figures["warmup_seconds"]
 
 
-def fetch_process_seconds(loader) -> float:
-    """The CPU time so far of the loader's fetch process (a split streamed through memory); 0 without one."""
+def shared_blocks(loader):
+    """The loader's fetch process (`SharedBlocks`) where its split streams through memory, else None."""
     fetch_process = getattr(getattr(loader.stored, "sources", None), "fetch_process", None)
-    shared = fetch_process.shared if fetch_process is not None else None
+    return fetch_process.shared if fetch_process is not None else None
+
+
+def fetch_process_seconds(loader) -> float:
+    """The CPU time so far of the loader's fetch process; 0 without one."""
+    shared = shared_blocks(loader)
     return cpu_seconds(shared.process.pid, descendants=False) if shared is not None else 0.0
 
 
 def fetch_process_direct_share(loader) -> float | None:
     """The share of its requests the fetch process read directly (`pipeline/storage/direct_ranges.py`),
     not through obstore; None without one."""
-    fetch_process = getattr(getattr(loader.stored, "sources", None), "fetch_process", None)
-    shared = fetch_process.shared if fetch_process is not None else None
-    if shared is None or not shared.counted_requests:
+    shared = shared_blocks(loader)
+    if shared is None or not shared.requests_made:
         return None
-    return shared.direct_requests / shared.counted_requests
+    return shared.direct_requests / shared.requests_made
 
 
 def servers_seconds(remote: dict) -> float:

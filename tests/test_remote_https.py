@@ -96,4 +96,4 @@ def assert_same_batches(converted_sets, url: str, tmp_path, streamed: bool) -> N
         assert x1.equal(x2) and y1.equal(y2)
     if streamed:        # the fetch process read every range itself, over TLS, trusting the same CA
         shared = remote.stored.sources.fetch_process.shared
-        assert shared.direct_requests == shared.counted_requests > 0
+        assert shared.direct_requests == shared.requests_made > 0

@@ -102,7 +102,7 @@ def test_s3_ranges_streamed_are_read_by_presigned_urls(converted_sets, photos_in
     assert remote.stored.in_memory
     assert_same(batches(local), batches(remote))
     shared = remote.stored.sources.fetch_process.shared
-    assert shared.direct_requests == shared.counted_requests > 0
+    assert shared.direct_requests == shared.requests_made > 0
 
 
 def test_s3_keys_from_a_credential_process_reach_the_fetch_process(converted_sets, photos_in_s3, moto_s3,
@@ -144,7 +144,7 @@ def test_gs_batches_equal_local_disk(converted_sets, tmp_path, monkeypatch, cach
         assert_same(batches(build_loader(spec(local))), batches(remote))
         if remote.stored.in_memory:     # an account without a key signs no URL: obstore read every range
             shared = remote.stored.sources.fetch_process.shared
-            assert shared.direct_requests == 0 < shared.counted_requests
+            assert shared.direct_requests == 0 < shared.requests_made
         [nginx] = source._servers
         assert "GET /bench/photos_wds/train/shard-000000.tar " in unquote(nginx.access_log.read_text())
 
@@ -165,7 +165,7 @@ def test_http_user_and_password_in_the_url_are_sent_to_the_server(converted_sets
         assert_same(batches(build_loader(spec(local))), batches(remote))
         if remote.stored.in_memory:     # read directly with the password as a header, as obstore sends it
             shared = remote.stored.sources.fetch_process.shared
-            assert shared.direct_requests == shared.counted_requests > 0
+            assert shared.direct_requests == shared.requests_made > 0
         refused = {}
         for url in (f"http://reader:not-the-password@127.0.0.1:{port}/photos_wds", f"{server.url}/photos_wds"):
             with pytest.raises(RemoteDataError) as caught:
@@ -252,7 +252,7 @@ def test_a_split_larger_than_the_cache_streams_through_memory(converted_sets, ph
     assert 0 < shared.peak_bytes <= remote.stored.ahead_bytes + 2 * 16 * remote.stored.block_bytes < split_bytes
     assert shared.peak_bytes <= shared.slots * shared.slot_bytes
     assert not list(tmp_path.rglob(f"*{BLOCK_SUFFIX}"))
-    assert shared.direct_requests == shared.counted_requests > 0      # each range read into its slot directly
+    assert shared.direct_requests == shared.requests_made > 0      # each range read into its slot directly
     # resumed mid-epoch, and a sample read alone (Pillow's fallback, DALI's source)
     assert_same(batches(local, epoch=1, start=3), batches(remote, epoch=1, start=3))
     assert remote.stored.read(5) == local.stored.read(5)

@@ -217,13 +217,14 @@ class SharedBlocks:
         return int(self.header[PEAK_BYTES])
 
     @property
-    def direct_requests(self) -> int:
-        """The requests the fetcher read directly (`direct_ranges.py`), of the `counted_requests` it made."""
-        return int(self.header[block_fetcher.DIRECT_REQUESTS])
+    def requests_made(self) -> int:
+        """All the fetcher's requests so far (`counted` gives those since its last call)."""
+        return int(self.header[REQUESTS])
 
     @property
-    def counted_requests(self) -> int:
-        return int(self.header[REQUESTS])
+    def direct_requests(self) -> int:
+        """Of `requests_made`, those read directly (`direct_ranges.py`), not through obstore."""
+        return int(self.header[block_fetcher.DIRECT_REQUESTS])
 
     @property
     def peak_in_flight(self) -> int:
