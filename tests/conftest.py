@@ -148,9 +148,22 @@ def flip(path: Path, at: int, mask: int = 0x10) -> None:
     path.write_bytes(bytes(data))
 
 
+def as_converted_before_index_packs(out: Path) -> None:
+    """Make the webdataset conversion in `out` what the converters wrote before index packs: no
+    `shard-indexes.pack`, no record of it."""
+    manifest = read_manifest(out)
+    for split, record in manifest["splits"].items():
+        pack = record.pop("index_pack", None)
+        if pack is not None:
+            (out / split / pack["file"]).unlink()
+            record["files"].remove(f"{split}/{pack['file']}")
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
 def as_converted_before_checksums(out: Path) -> None:
     """Make the webdataset conversion in `out` what the converters wrote before per-sample
-    checksums: manifest version 1, no `.crc32` files, no record of them."""
+    checksums (and index packs): manifest version 1, no `.crc32` files, no record of them."""
+    as_converted_before_index_packs(out)
     manifest = read_manifest(out)
     manifest["manifest_version"] = 1
     for split, record in manifest["splits"].items():

@@ -43,7 +43,10 @@ def check_upload(client, bucket: str, prefix: str, staging: Path) -> dict:
             recorded[f"{split}/{shard['tar']}"] = (shard["bytes"], shard["sha256"])
             recorded[f"{split}/{shard['index']}"] = (shard["index_bytes"], shard["index_sha256"])
             recorded[f"{split}/{shard['checksums']}"] = (shard["checksums_bytes"], shard["checksums_sha256"])
-        if "shards" not in record:
+        if "shards" in record:
+            pack = record["index_pack"]
+            recorded[f"{split}/{pack['file']}"] = (pack["bytes"], pack["sha256"])
+        else:
             recorded[record["files"][0]] = (record["bytes"], record["sha256"])
             recorded[record["checksums"]] = (record["checksums_bytes"], record["checksums_sha256"])
     assert set(recorded) == set(listed)

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import TOOLS, as_converted_before_checksums, read_manifest, run_tool, run_tool_here, run_tool_without
+from conftest import (TOOLS, as_converted_before_checksums, as_converted_before_index_packs, read_manifest, run_tool,
+                      run_tool_here, run_tool_without)
 from pipeline import LoaderSpec, build_loader
 from pipeline.convert.errors import ConversionFault
 from pipeline.convert.parallel import map_samples
@@ -291,6 +292,15 @@ def test_up_to_date_outputs_are_not_written_again(bad_source, tmp_path, capsys):
     assert "train is up to date" in again.stderr and "val is up to date" in again.stderr
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")} == mtimes
 
+    # A conversion from before index packs gets them, its shards untouched
+    splits = read_manifest(out)["splits"]
+    as_converted_before_index_packs(out)
+    again = run_tool_here(capsys, "convert_wds.py", root, out, check=True)
+    assert "train is up to date" in again.stderr
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")} == mtimes
+    assert tree_digest(out).keys() == first.keys() and read_manifest(out)["splits"] == splits
+    assert all(tree_digest(out)[name] == digest for name, digest in first.items() if name != "manifest.json")
+
     # Converting one split keeps the other in the manifest; a changed source is converted again.
     os.utime(root / "val/apple/v1.JPEG", ns=(1, 1))
     partial = run_tool_here(capsys, "convert_wds.py", root, out, "--splits", "val", check=True)
@@ -376,6 +386,14 @@ def test_wds_shards_are_deterministic_size_capped_and_indexed_as_dali_does_witho
     shards = read_manifest(tmp_path / "a")["splits"]["train"]["shards"]
     assert len(shards) > 1 and sum(s["count"] for s in shards) == 300
     assert all((tmp_path / "a/train" / s["tar"]).stat().st_size <= 2**20 for s in shards)
+    # The split's index pack: every shard's index, then its checksums, in the manifest's order
+    record = read_manifest(tmp_path / "a")["splits"]["train"]
+    pack = (tmp_path / "a/train/shard-indexes.pack").read_bytes()
+    assert pack == b"".join((tmp_path / "a/train" / shard[kind]).read_bytes()
+                            for shard in shards for kind in ("index", "checksums"))
+    assert record["index_pack"] == {"file": "shard-indexes.pack", "bytes": len(pack),
+                                    "sha256": hashlib.sha256(pack).hexdigest()}
+    assert "train/shard-indexes.pack" in record["files"]
     for shard in shards:
         with IndexCreator(str(tmp_path / "a/train" / shard["tar"]), str(tmp_path / "dali.idx"), verbose=False) as ic:
             ic.create_index()

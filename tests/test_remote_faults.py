@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loopback_servers import Nginx
+from conftest import as_converted_before_index_packs
 from runs import RECIPE, main_here, tiny_run
 
 
@@ -33,6 +34,7 @@ def test_a_server_refusing_or_missing_a_file_while_the_run_is_built_is_one_line_
         missing = copy / "manifest.json"
     else:
         copy = served_copy(local, tmp_path / "served")
+        as_converted_before_index_packs(copy)      # else the index comes from the split's pack
         missing = sorted((copy / "train").glob("*.idx"))[0]
         missing.unlink()
     server = Nginx(tmp_path / "served", tmp_path / "nginx")

@@ -645,3 +645,63 @@ def test_the_epoch_length_is_known_from_a_url_before_the_loader_is_built(photos_
     with pytest.raises(DatasetError) as caught:
         batches_per_epoch(spec(f"http://bob:hunter2@127.0.0.1:{photos_server.port}/photos_wds", backend="ffcv"))
     assert "hunter2" not in str(caught.value) and "***@" in str(caught.value)
+
+
+@pytest.fixture(scope="module")
+def many_shards(sample_sets, tmp_path_factory):
+    """The fashion sample in shards of 8 samples: a split of many shards, each with its index and
+    checksums, and the split's index pack."""
+    from conftest import convert_here
+    out = tmp_path_factory.mktemp("many-shards") / "fashion_wds"
+    convert_here("convert_wds.py", sample_sets / "fashion", out, "--shard-samples", "8", "--num-workers", "1")
+    return out
+
+
+def assert_same_tables(remote, local) -> None:
+    assert len(remote.shards) == len(local.shards) > 10
+    for got, expected in zip(remote.shards, local.shards):
+        assert np.array_equal(got.members, expected.members) and np.array_equal(got.checksums, expected.checksums)
+        assert got.index.read_bytes() == expected.index.read_bytes()
+
+
+def test_a_split_of_many_shards_fetches_its_indexes_as_its_index_pack(many_shards, tmp_path):
+    """Two requests rather than two a shard: the pack, and the one range that checks the server
+    answers ranges (the manifest is the third)."""
+    from benchmarks.loopback_servers import Nginx
+    server = Nginx(many_shards.parent, tmp_path / "nginx")
+    try:
+        remote = read_converted(f"{server.url}/fashion_wds", "train", "webdataset", cache_dir=str(tmp_path / "cache"))
+    finally:
+        server.stop()
+    assert remote.remote.store.requests == 3
+    assert_same_tables(remote, read_converted(many_shards, "train", "webdataset"))
+
+
+@pytest.mark.parametrize("fault", ["a part differs", "missing"])
+def test_an_index_pack_that_differs_or_is_missing_gives_way_to_the_shards_own_files(many_shards, tmp_path, caplog,
+                                                                                    fault):
+    """A pack older than a repair, or lost from the store: each index it cannot give as the
+    manifest records it is fetched as its own file, with one line naming the pack."""
+    from benchmarks.loopback_servers import Nginx
+    copy = tmp_path / "served" / "fashion_wds"
+    shutil.copytree(many_shards, copy)
+    pack = copy / "train" / "shard-indexes.pack"
+    if fault == "missing":
+        pack.unlink()
+    else:
+        data = bytearray(pack.read_bytes())
+        data[20] ^= 0x10        # in the first shard's index
+        pack.write_bytes(bytes(data))
+    server = Nginx(copy.parent, tmp_path / "nginx")
+    try:
+        with caplog.at_level("WARNING", logger="pipeline.remote.dataset"):
+            remote = read_converted(f"{server.url}/fashion_wds", "train", "webdataset",
+                                    cache_dir=str(tmp_path / "cache"))
+    finally:
+        server.stop()
+    local = read_converted(many_shards, "train", "webdataset")
+    assert_same_tables(remote, local)
+    [line] = [record.getMessage() for record in caplog.records]
+    assert "train/shard-indexes.pack" in line and "one by one" in line, line
+    refetched = 2 * len(local.shards) if fault == "missing" else 1
+    assert remote.remote.store.requests == 3 + refetched - (fault == "missing")

@@ -58,6 +58,24 @@ def test_only_the_damaged_shards_are_converted_again_byte_for_byte(source, tmp_p
     assert all(path.stat().st_mtime_ns == mtime for path, mtime in untouched.items())
 
 
+def test_a_shard_rebuilt_to_other_bytes_drops_the_splits_index_pack(source, tmp_path, capsys):
+    """Where the libraries that encoded a shard changed since, its rebuilt files differ from the
+    first conversion's and its record is written anew: the split's index pack, which holds the old
+    index, is no longer named, and a loader reads each shard's own files."""
+    out = tmp_path / "wds"
+    converted(source, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["index_pack"]["file"] == "shard-indexes.pack"
+    manifest["splits"]["train"]["shards"][1]["sha256"] = "0" * 64        # as other libraries wrote it
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    code, text, _ = check(capsys, out, "--repair", source, "--num-workers", "1")
+    assert code == 0 and "train/shard-000001.tar" in text, text
+    record = json.loads((out / "manifest.json").read_text())["splits"]["train"]
+    assert "index_pack" not in record and "train/shard-indexes.pack" not in record["files"]
+    assert record["shards"][1]["sha256"] != "0" * 64
+    assert check(capsys, out)[0] == 0
+
+
 def test_a_changed_source_is_refused_and_nothing_is_written(source, tmp_path, capsys):
     out = tmp_path / "wds"
     converted(source, out)

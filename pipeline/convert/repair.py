@@ -30,7 +30,7 @@ from pipeline.convert.plan import ShardPlan, write_order
 from pipeline.convert.shard_tasks import ShardDone, encoder, write_shards
 from pipeline.convert.sources import Missing, Source, SourceOptions, open_source
 from pipeline.convert.splits import scratch_in
-from pipeline.formats.wds_shards import ShardRecord, ShardWriter, sample_members
+from pipeline.formats.wds_shards import ShardRecord, ShardWriter, drop_index_pack, sample_members
 from pipeline.storage.atomic_files import replace_atomically
 
 SHARD_FILES = ("tar", "index", "checksums")       # a webdataset shard's files, as its record names them
@@ -82,7 +82,10 @@ def rebuild_shards(src: str, manifest: dict, split: str, numbers: list[int], out
     records in `manifest`; whether a record changed. A ConversionError (nothing written for that
     shard) where SRC no longer gives the samples it held."""
     with scratch_in(out) as scratch:
-        return _rebuild_shards(src, manifest, split, numbers, out, num_workers, scratch)
+        changed = _rebuild_shards(src, manifest, split, numbers, out, num_workers, scratch)
+    if changed:
+        drop_index_pack(split, manifest["splits"][split])
+    return changed
 
 
 def _rebuild_shards(src: str, manifest: dict, split: str, numbers: list[int], out: Path, num_workers: int,

@@ -35,6 +35,7 @@ from pipeline.convert.sources import Source, open_source
 from pipeline.convert.upload import add_checksums, open_destination
 from pipeline.storage.atomic_files import check_writable
 from pipeline.formats.imagefolder import Skipped
+from pipeline.formats.wds_shards import add_index_pack
 from pipeline.formats.manifest import MANIFEST, MANIFEST_VERSION, ManifestError, read_manifest, write_manifest
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ def run_conversion(run: RunOptions, options: ImageOptions, format_name: str, lib
         done = {split: kept[split] for split in sorted(kept)}
         for split, split_record in done.items():
             add_checksums(split, split_record, out)
+            if "shards" in split_record:
+                add_index_pack(split, split_record, out)
         content = manifest_content(record, done, source.class_names(splits), libraries)
         # A manifest that says nothing new is kept, date and all, so an upload finds it already there.
         if converted or not previous or not same_content(previous, content):

@@ -83,6 +83,8 @@ def listed_files(manifest: dict) -> dict[str, tuple[int | None, str | None]]:
         for shard in record.get("shards", []):
             for file in ShardRecord.from_dict(shard).files().values():
                 files[f"{split}/{file.name}"] = (file.bytes, file.sha256)
+        if "index_pack" in record:
+            files[f"{split}/{record['index_pack']['file']}"] = (record["index_pack"]["bytes"], record["index_pack"]["sha256"])
         if record.get("files") and "shards" not in record:        # FFCV: the .beton, then its checksums
             files[record["files"][0]] = (record.get("bytes"), record.get("sha256"))
             if "checksums" in record:

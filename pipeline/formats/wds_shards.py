@@ -13,6 +13,11 @@ reads their format (as pipeline/formats/beton_checksums.py does for FFCV): a sam
   are little-endian uint32 in `shard-NNNNNN.crc32`, beside the index (DALI parses the index).
 - Tars are deterministic (USTAR, mode 0444, mtime 0): the same samples give the same bytes. The
   index is written from the offsets the writer knows, so writing needs no DALI.
+- A split's index pack, `shard-indexes.pack`, holds every shard's index then checksums, one after
+  another in the manifest's order (each file's size is in its record), so that a loader reading the
+  split from a URL fetches them in a request or a few rather than two a shard. The split's record
+  names it as `index_pack` (file, bytes, sha256); each part is also checked against its own file's
+  sha256, so a pack that no longer matches its shards costs only speed.
 """
 from __future__ import annotations
 
@@ -34,6 +39,8 @@ IMAGE_MEMBER, LABEL_MEMBER = MEMBERS["image"], MEMBERS["label_int32"]     # the 
 SHARD_NAME = "shard-{:06d}"
 SAMPLE_CHECKSUM = "crc32 of jpg then lbl"    # the split record's `sample_checksum`: what each value covers
 INDEX_VERSION = "v1.2"
+INDEX_PACK = "shard-indexes.pack"
+PACKED = ("index", "checksums")     # a shard's files in the pack, in this order
 
 
 def sample_members(jpeg: bytes, label: int) -> dict[str, bytes]:
@@ -223,3 +230,46 @@ class ShardWriter:
 
     def close(self) -> None:
         self._close_current()
+
+
+def index_pack_parts(shards: list[dict]) -> dict[str, tuple[int, int]] | None:
+    """{file name: (start, end)} of each shard's index and checksums in its split's index pack;
+    None where a record lacks a file's size (an older converter's)."""
+    parts, at = {}, 0
+    for shard in shards:
+        files = ShardRecord.from_dict(shard).files()
+        for kind in PACKED:
+            if kind in files:
+                if files[kind].bytes is None:
+                    return None
+                parts[files[kind].name] = (at, at + files[kind].bytes)
+                at += files[kind].bytes
+    return parts
+
+
+def add_index_pack(split: str, record: dict, out: Path) -> bool:
+    """Writes the index pack of a webdataset split in OUT/<split> from its shards' files, where its
+    record names none or its file is not the size recorded, and records it; True if it did."""
+    pack, folder = record.get("index_pack"), out / split
+    if pack and (folder / pack["file"]).is_file() and (folder / pack["file"]).stat().st_size == pack["bytes"]:
+        return False
+    if index_pack_parts(record["shards"]) is None:
+        return False
+    data = bytearray()
+    for shard in record["shards"]:
+        files = ShardRecord.from_dict(shard).files()
+        for kind in PACKED:
+            if kind in files:
+                data += (folder / files[kind].name).read_bytes()
+    write_bytes_atomic(folder / INDEX_PACK, data)
+    record["index_pack"] = {"file": INDEX_PACK, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if f"{split}/{INDEX_PACK}" not in record.setdefault("files", []):
+        record["files"].append(f"{split}/{INDEX_PACK}")
+    return True
+
+
+def drop_index_pack(split: str, record: dict) -> None:
+    """Forgets a split's index pack, once a shard's index or checksums were written again: loaders
+    then fetch the shards' files one by one, until a conversion run writes the pack again."""
+    if record.pop("index_pack", None) is not None:
+        record["files"] = [name for name in record.get("files", []) if name != f"{split}/{INDEX_PACK}"]

@@ -2,7 +2,9 @@
 served as it is by a bucket or a static web server.
 
 The manifest is fetched at every start (it is small, and it says whether the dataset changed);
-each shard's `.idx` is fetched once into the local cache and read from there afterwards. The
+each shard's `.idx` (and checksums) is fetched once into the local cache and read from there
+afterwards: all of them in a request or a few, as the split's index pack, where the converter wrote
+one (`pipeline/formats/wds_shards.py`), rather than two requests a shard. The
 cache folder of a dataset is named by a hash of its URL and manifest, so a dataset converted
 again under the same URL never meets blocks of its old shards. Where things live:
 
@@ -17,8 +19,9 @@ again under the same URL never meets blocks of its old shards. Where things live
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +34,17 @@ from pipeline.spec import parse_size
 from pipeline.errors import DatasetError, RemoteDataError
 from pipeline.formats.converted import CONVERTERS, ConvertedSplit, Shard, checksum_table, member_table, split_record
 from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest
+from pipeline.formats.wds_shards import PACKED, index_pack_parts
 from pipeline.storage.object_store import ObjectStore, open_store
 from pipeline.storage.errors import RemoteNotFound
 from pipeline.storage.staged_file import stage_file
 
 DEFAULT_CACHE_LIMIT = "16GiB"
+PACK_REQUEST_BYTES = 8 << 20   # of a split's index pack a request, the requests at once
 INDEX_FETCHES = 128       # .idx and .crc32 files fetched at once: a dataset has hundreds, each a round trip
 FETCHES = 3               # answers asked for a file whose sha256 differs from the manifest's
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -95,14 +102,13 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
         (folder / split).mkdir(parents=True, exist_ok=True)
         if not (folder / MANIFEST).exists():
             write_bytes_atomic(folder / MANIFEST, raw, durable=False)
-        with ThreadPoolExecutor(INDEX_FETCHES) as pool:
-            fetches = [pool.submit(_fetch_index, store, f"{split}/{entry[kind]}", folder / split / entry[kind],
-                                   entry.get(f"{kind}_sha256"))
-                       for entry in record.get("shards", []) for kind in ("index", "checksums") if kind in entry]
-            if shards:
-                fetches.append(pool.submit(_check_ranges, store, shards[0].object_name))
-            for fetch in fetches:
-                fetch.result()               # the first failure, as its one line
+        with ThreadPoolExecutor(1) as beside:
+            ranges = beside.submit(_check_ranges, store, shards[0].object_name) if shards else None
+            _fetch_missing(store, [(f"{split}/{entry[kind]}", folder / split / entry[kind], entry.get(f"{kind}_sha256"))
+                                   for entry in record.get("shards", []) for kind in PACKED if kind in entry],
+                           pack=_index_pack(split, record))
+            if ranges is not None:
+                ranges.result()
         for shard, entry in zip(shards, record.get("shards", [])):
             shard.members = member_table(shard)
             if "checksums" in entry:
@@ -111,8 +117,8 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
         if kind == "ffcv":      # FFCV memory-maps its file: read from a local copy, checked against the manifest
             files = [_staged_beton(store, record, folder)]
             if "checksums" in record:       # beside it, for data.verify=full to check the copy's samples against
-                _fetch_index(store, record["checksums"], folder / record["checksums"], record.get("checksums_sha256"),
-                             CONVERTERS["ffcv"])
+                _fetch_missing(store, [(record["checksums"], folder / record["checksums"], record.get("checksums_sha256"))],
+                               CONVERTERS["ffcv"])
     split_data = ConvertedSplit(folder, kind, split, classes, record["count"], files, shards, record=record)
     split_data.remote = RemoteSource(store, cache, dataset, fetch_process)
     return split_data
@@ -169,16 +175,78 @@ def _check_ranges(store: ObjectStore, name: str) -> None:
     store.read_ranges(name, [(0, 1)])
 
 
-def _fetch_index(store: ObjectStore, name: str, local: Path, sha256: str | None = None,
-                 converter: str = CONVERTERS["webdataset"]) -> None:
-    """A shard's index (or checksums) into the cache, checked against the manifest's sha256 where it
-    records one: an answer damaged in transit is fetched again, FETCHES times at most."""
-    if local.exists():
+def _fetch_missing(store: ObjectStore, wanted: list[tuple[str, Path, str | None]],
+                   converter: str = CONVERTERS["webdataset"], pack: tuple[str, dict] | None = None) -> None:
+    """Of the (name, local file, sha256) wanted, the files the cache lacks (shards' indexes and
+    checksums): from the split's index pack where it has one (`_index_pack`), the others fetched
+    INDEX_FETCHES at once and written by this thread as they come: 128 threads each writing its
+    own file took about four times the CPU of one thread writing them all (their turns of the GIL,
+    the folder's lock)."""
+    wanted = [(name, local, sha256) for name, local, sha256 in wanted if not local.exists()]
+    if pack is not None and len(wanted) > 1:
+        wanted = _unpacked(store, wanted, *pack)
+    if not wanted:
         return
+    with ThreadPoolExecutor(min(INDEX_FETCHES, len(wanted))) as pool:
+        fetches = {pool.submit(_fetched, store, name, sha256, converter): local for name, local, sha256 in wanted}
+        try:
+            for fetch in as_completed(fetches):
+                write_bytes_atomic(fetches[fetch], fetch.result(), durable=False)   # the first failure, as its one line
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
+
+
+def _index_pack(split: str, record: dict) -> tuple[str, dict[str, tuple[int, int]]] | None:
+    """(its name, {file name: (start, end)} of each shard's file in it) of the split's index pack;
+    None where it has none (converted before packs, or repaired since)."""
+    pack = record.get("index_pack")
+    parts = index_pack_parts(record.get("shards", [])) if isinstance(pack, dict) else None
+    if not parts or max(end for _, end in parts.values()) != pack.get("bytes"):
+        return None
+    return f"{split}/{pack['file']}", {f"{split}/{name}": span for name, span in parts.items()}
+
+
+def _unpacked(store: ObjectStore, wanted: list[tuple[str, Path, str | None]], pack: str,
+              parts: dict[str, tuple[int, int]]) -> list[tuple[str, Path, str | None]]:
+    """Writes into the cache those of the wanted files that the index pack holds as the manifest
+    records them, from the span of the pack that holds them (PACK_REQUEST_BYTES a request, the
+    requests at once); returns the others, to be fetched one by one: those not in it, or not as
+    recorded (damaged, or older than a repair), or all of them where the pack could not be read."""
+    inside = [file for file in wanted if file[0] in parts]
+    if not inside:
+        return wanted
+    first, end = min(parts[name][0] for name, _, _ in inside), max(parts[name][1] for name, _, _ in inside)
+    pieces = [(at, min(at + PACK_REQUEST_BYTES, end)) for at in range(first, end, PACK_REQUEST_BYTES)]
+    span = bytearray(end - first)
+    try:
+        with ThreadPoolExecutor(min(INDEX_FETCHES, len(pieces))) as pool:
+            for (start, stop), [data] in zip(pieces, pool.map(lambda piece: store.read_ranges(pack, [piece]), pieces)):
+                span[start - first:stop - first] = data
+    except RemoteDataError as error:
+        log.warning("%s; fetching the shards' indexes one by one instead", error)
+        return wanted
+    left = [file for file in wanted if file[0] not in parts]
+    for name, local, sha256 in inside:
+        start, stop = parts[name]
+        data = memoryview(span)[start - first:stop - first]
+        if sha256 is None or hashlib.sha256(data).hexdigest() == sha256:
+            write_bytes_atomic(local, data, durable=False)
+        else:
+            left.append((name, local, sha256))
+    if len(left) > len(wanted) - len(inside):
+        log.warning("%s: %d of its parts differ from the manifest's record (damaged, or older than a repair); "
+                    "those are fetched one by one", store.where(pack), len(left) - (len(wanted) - len(inside)))
+    return left
+
+
+def _fetched(store: ObjectStore, name: str, sha256: str | None = None,
+             converter: str = CONVERTERS["webdataset"]) -> bytes:
+    """A shard's index (or checksums), checked against the manifest's sha256 where it records one:
+    an answer damaged in transit is fetched again, FETCHES times at most."""
     for _ in range(FETCHES):
         data = store.read(name)
         if sha256 is None or hashlib.sha256(data).hexdigest() == sha256:
-            write_bytes_atomic(local, data, durable=False)
-            return
+            return data
     raise RemoteDataError(f"{store.where(name)}: its sha256 differs from the manifest's, in {FETCHES} answers: the "
                           f"stored file is damaged; run {converter} again")
