@@ -128,15 +128,14 @@ class Fetcher:
         # Slot bytes are written before the block's state names the slot; taking and leaving the lock
         # orders the two for a reader in another process (a store barrier where CPUs reorder)
         self._fence = threading.Lock()
-        self.done: asyncio.Event | None = None
 
     async def run(self) -> None:
-        self.done = asyncio.Event()
+        """Serves the loader's messages until it says stop or is gone, then exits the process."""
         loop = asyncio.get_running_loop()
         loop.add_reader(self.control.fileno(), self._on_control)
         loop.add_reader(self.wake, self._on_wake)
         self.header[READY] = 1
-        await self.done.wait()
+        await loop.create_future()
 
     def _on_control(self) -> None:
         try:
@@ -144,8 +143,9 @@ class Fetcher:
         except (EOFError, OSError):     # the loader is gone
             message = ("stop",)
         if message[0] == "stop":
-            self.done.set()
-            return
+            # Nothing is handed back, and reads in flight are of no use now: ended here, not by the
+            # loop's shutdown, which would print a warning for each of them (a killed run's terminal)
+            os._exit(0)
         self._plan(*message[1:])
         self._pump()
 
@@ -305,8 +305,6 @@ def main(argv: list[str]) -> None:
     if message[0] != "setup":       # told to stop before it was needed
         return
     asyncio.run(Fetcher(control, wake, memory_fd, FetcherSettings(**message[1])).run())
-    # Direct reads still in flight are of no use now, and their threads would be joined at exit
-    os._exit(0)
 
 
 if __name__ == "__main__":
