@@ -27,6 +27,7 @@ from pipeline.convert.errors import ConversionFault
 from pipeline.convert.parallel import map_samples
 from pipeline.formats import manifest as pipeline_manifest
 from pipeline.errors import DatasetError
+from pipeline.formats.converted import Shard, member_table
 from pipeline.formats.manifest import MANIFEST_VERSION, ManifestError
 
 CONVERTERS = ["convert_ffcv.py", "convert_wds.py"]
@@ -386,14 +387,17 @@ def test_wds_shards_are_deterministic_size_capped_and_indexed_as_dali_does_witho
     shards = read_manifest(tmp_path / "a")["splits"]["train"]["shards"]
     assert len(shards) > 1 and sum(s["count"] for s in shards) == 300
     assert all((tmp_path / "a/train" / s["tar"]).stat().st_size <= 2**20 for s in shards)
-    # The split's index pack: every shard's index, then its checksums, in the manifest's order
+    # The split's index pack: every shard's index, then its checksums, in the manifest's order, then
+    # the member table a loader would parse from the indexes
     record = read_manifest(tmp_path / "a")["splits"]["train"]
     pack = (tmp_path / "a/train/shard-indexes.pack").read_bytes()
-    assert pack == b"".join((tmp_path / "a/train" / shard[kind]).read_bytes()
-                            for shard in shards for kind in ("index", "checksums"))
+    files = b"".join((tmp_path / "a/train" / shard[kind]).read_bytes() for shard in shards for kind in ("index", "checksums"))
     assert record["index_pack"] == {"file": "shard-indexes.pack", "bytes": len(pack),
-                                    "sha256": hashlib.sha256(pack).hexdigest()}
-    assert "train/shard-indexes.pack" in record["files"]
+                                    "sha256": hashlib.sha256(pack).hexdigest(), "members_at": len(files)}
+    assert pack[:len(files)] == files and "train/shard-indexes.pack" in record["files"]
+    parsed = [member_table(Shard(tmp_path / "a/train" / s["tar"], tmp_path / "a/train" / s["index"], s["count"], 0))
+              for s in shards]
+    assert np.array_equal(np.frombuffer(pack[len(files):], "<i8").reshape(-1, 3), np.concatenate(parsed))
     for shard in shards:
         with IndexCreator(str(tmp_path / "a/train" / shard["tar"]), str(tmp_path / "dali.idx"), verbose=False) as ic:
             ic.create_index()

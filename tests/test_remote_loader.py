@@ -664,17 +664,24 @@ def assert_same_tables(remote, local) -> None:
         assert got.index.read_bytes() == expected.index.read_bytes()
 
 
-def test_a_split_of_many_shards_fetches_its_indexes_as_its_index_pack(many_shards, tmp_path):
+def test_a_split_of_many_shards_fetches_its_indexes_as_its_index_pack(many_shards, tmp_path, monkeypatch):
     """Two requests rather than two a shard: the pack, and the one range that checks the server
-    answers ranges (the manifest is the third)."""
+    answers ranges (the manifest is the third); a later start reads the split's member table from
+    the cache, without parsing an index."""
     from benchmarks.loopback_servers import Nginx
     server = Nginx(many_shards.parent, tmp_path / "nginx")
     try:
         remote = read_converted(f"{server.url}/fashion_wds", "train", "webdataset", cache_dir=str(tmp_path / "cache"))
+        from pipeline.formats import converted
+        monkeypatch.setattr(converted, "index_members", None)     # not parsed again: a call would raise
+        again = read_converted(f"{server.url}/fashion_wds", "train", "webdataset", cache_dir=str(tmp_path / "cache"))
     finally:
         server.stop()
-    assert remote.remote.store.requests == 3
-    assert_same_tables(remote, read_converted(many_shards, "train", "webdataset"))
+    assert remote.remote.store.requests == 3 and again.remote.store.requests == 2     # then all from the cache
+    monkeypatch.undo()
+    local = read_converted(many_shards, "train", "webdataset")
+    assert_same_tables(remote, local)
+    assert_same_tables(again, local)
 
 
 @pytest.mark.parametrize("fault", ["a part differs", "missing"])

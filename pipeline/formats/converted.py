@@ -17,7 +17,7 @@ import numpy as np
 
 from pipeline.errors import DatasetError
 from pipeline.formats.manifest import MANIFEST, ManifestError, manifest_path, read_manifest
-from pipeline.formats.wds_shards import IMAGE_MEMBER, LABEL_MEMBER, index_columns, index_row
+from pipeline.formats.wds_shards import IndexLineError, index_members, members_end
 
 # The command that makes each format, for the messages that tell a user what to run
 CONVERTERS = {"ffcv": "python tools/convert_ffcv.py", "webdataset": "python tools/convert_wds.py"}
@@ -79,14 +79,15 @@ def read_local_converted(root: Path, split: str, expected_format: str) -> Conver
     """The manifest's view of one converted split in the folder `root`, with its files checked to be whole."""
     converter = CONVERTERS[expected_format]
     kind, classes, record = manifest_split(root, split, expected_format)
-    shards, first = [], 0
+    shards, first, directory = [], 0, root / split
     for shard in record.get("shards", []):
-        directory = root / split
         shards.append(Shard(directory / shard["tar"], directory / shard["index"], shard["count"], first))
-        shards[-1].members = member_table(shards[-1], _size_or_none(shards[-1].tar))
         if "checksums" in shard:
             shards[-1].checksums = checksum_table(shards[-1], directory / shard["checksums"])
         first += shard["count"]
+    pack = record.get("index_pack")
+    assign_members(shards, packed_members(directory / pack["file"], record) if isinstance(pack, dict) else None,
+                   [_size_or_none(shard.tar) for shard in shards])
     files = [root / name for name in record["files"]]
     for file in files:
         if not file.is_file():
@@ -161,29 +162,47 @@ def member_table(shard: Shard, tar_size: Optional[int] = None) -> np.ndarray:
     """(count, 3) int64: each sample's image offset and size and label offset in the tar, from
     the DALI-style `.idx` file; checks that the tar, of `tar_size` bytes where known, is long
     enough for every member it lists."""
-    rows, end, line_number = [], 0, 1
     try:
-        text = shard.index.read_text()
-        columns = index_columns(text)
-        if columns is not None and IMAGE_MEMBER in columns and LABEL_MEMBER in columns:
-            rows = np.stack([*columns[IMAGE_MEMBER].T, columns[LABEL_MEMBER][:, 0]], 1)
-            end = max(int(spans.sum(1).max(initial=0)) for spans in columns.values())
-        else:
-            for line_number, line in enumerate(text.splitlines()[1:], start=2):
-                members = index_row(line)
-                rows.append((*members[IMAGE_MEMBER][:2], members[LABEL_MEMBER][0]))
-                end = max(end, *(start + size for start, size, _ in members.values()))
-    except (OSError, ValueError, KeyError) as error:
+        table = index_members(shard.index.read_text())
+    except (OSError, ValueError) as error:
         # A scrambled index can be one huge line, which int()'s message would quote whole:
         # the message keeps one line and a short excerpt of the reason.
-        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        reason = " ".join((str(error) if isinstance(error, IndexLineError) else f"{type(error).__name__}: {error}").split())
         reason = reason if len(reason) <= 120 else reason[:117] + "..."
-        raise DatasetError(f"{shard.index}: unreadable index (line {line_number}: {reason}); "
+        raise DatasetError(f"{shard.index}: unreadable index ({reason}); "
                            f"run {CONVERTERS['webdataset']} again") from None
-    if len(rows) != shard.count:
-        raise DatasetError(f"{shard.index}: {len(rows)} samples where the manifest says {shard.count}; "
+    if len(table) != shard.count:
+        raise DatasetError(f"{shard.index}: {len(table)} samples where the manifest says {shard.count}; "
                            f"run {CONVERTERS['webdataset']} again")
+    check_tar_size(shard, table, tar_size)
+    return table
+
+
+def check_tar_size(shard: Shard, table: np.ndarray, tar_size: Optional[int]) -> None:
+    """A DatasetError where the tar, of `tar_size` bytes where known, is shorter than its samples reach."""
+    end = members_end(table)
     if tar_size is not None and tar_size < end:
         raise DatasetError(f"{shard.tar}: {tar_size} bytes, its index needs {end}: truncated; "
                            f"run {CONVERTERS['webdataset']} again")
-    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def packed_members(pack: Path, record: dict) -> Optional[np.ndarray]:
+    """The split's member table from its index pack (`pipeline/formats/wds_shards.py`), or None where
+    it has none or the file is not the size recorded (the shards' indexes are parsed instead)."""
+    entry = record.get("index_pack")
+    if not isinstance(entry, dict) or not isinstance(entry.get("members_at"), int):
+        return None
+    if _size_or_none(pack) != entry["bytes"] or entry["bytes"] - entry["members_at"] != 24 * record["count"]:
+        return None
+    return np.fromfile(pack, "<i8", offset=entry["members_at"]).reshape(-1, 3)
+
+
+def assign_members(shards: list[Shard], table: Optional[np.ndarray], tar_sizes) -> None:
+    """Each shard's rows of the split's member table, or where there is none its own index parsed;
+    `tar_sizes[i]`: shard i's tar size where known, to check the tar is long enough."""
+    for shard, tar_size in zip(shards, tar_sizes):
+        if table is None:
+            shard.members = member_table(shard, tar_size)
+        else:
+            shard.members = table[shard.first_sample:shard.first_sample + shard.count]
+            check_tar_size(shard, shard.members, tar_size)

@@ -14,10 +14,12 @@ reads their format (as pipeline/formats/beton_checksums.py does for FFCV): a sam
 - Tars are deterministic (USTAR, mode 0444, mtime 0): the same samples give the same bytes. The
   index is written from the offsets the writer knows, so writing needs no DALI.
 - A split's index pack, `shard-indexes.pack`, holds every shard's index then checksums, one after
-  another in the manifest's order (each file's size is in its record), so that a loader reading the
-  split from a URL fetches them in a request or a few rather than two a shard. The split's record
-  names it as `index_pack` (file, bytes, sha256); each part is also checked against its own file's
-  sha256, so a pack that no longer matches its shards costs only speed.
+  another in the manifest's order (each file's size is in its record), then the split's member table
+  from `members_at` on: per sample, its image's offset and size and its label's offset in its tar,
+  little-endian int64, what a loader would otherwise parse from a thousand indexes. A loader reading
+  the split from a URL fetches it in a request or a few rather than two a shard. The split's record
+  names it as `index_pack` (file, bytes, sha256, members_at); each part is also checked against its
+  own file's sha256, so a pack that no longer matches its shards costs only speed.
 """
 from __future__ import annotations
 
@@ -232,6 +234,34 @@ class ShardWriter:
         self._close_current()
 
 
+class IndexLineError(ValueError):
+    """A line of an index that does not parse: its number (the file's, the header being line 1) and why."""
+
+    def __init__(self, line_number: int, error: Exception):
+        super().__init__(f"line {line_number}: {type(error).__name__}: {error}")
+
+
+def index_members(text: str) -> np.ndarray:
+    """(count, 3) int64: each sample's image offset and size and label offset in its tar, from its
+    shard's index; an IndexLineError where a line does not parse (the caller names the file)."""
+    columns = index_columns(text)
+    if columns is not None and IMAGE_MEMBER in columns and LABEL_MEMBER in columns:
+        return np.stack([*columns[IMAGE_MEMBER].T, columns[LABEL_MEMBER][:, 0]], 1)
+    rows = []
+    for line_number, line in enumerate(text.splitlines()[1:], start=2):
+        try:
+            members = index_row(line)
+            rows.append((*members[IMAGE_MEMBER][:2], members[LABEL_MEMBER][0]))
+        except (ValueError, KeyError) as error:
+            raise IndexLineError(line_number, error) from None
+    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def members_end(members: np.ndarray) -> int:
+    """One past the last byte a table's samples read (images, and labels of 4 bytes) in their tar."""
+    return int(max((members[:, 0] + members[:, 1]).max(initial=0), (members[:, 2] + 4).max(initial=0)))
+
+
 def index_pack_parts(shards: list[dict]) -> dict[str, tuple[int, int]] | None:
     """{file name: (start, end)} of each shard's index and checksums in its split's index pack;
     None where a record lacks a file's size (an older converter's)."""
@@ -255,14 +285,18 @@ def add_index_pack(split: str, record: dict, out: Path) -> bool:
         return False
     if index_pack_parts(record["shards"]) is None:
         return False
-    data = bytearray()
+    data, tables = bytearray(), []
     for shard in record["shards"]:
         files = ShardRecord.from_dict(shard).files()
         for kind in PACKED:
             if kind in files:
                 data += (folder / files[kind].name).read_bytes()
+        tables.append(index_members((folder / files["index"].name).read_text()))
+    members_at = len(data)
+    data += np.concatenate(tables).astype("<i8").tobytes()
     write_bytes_atomic(folder / INDEX_PACK, data)
-    record["index_pack"] = {"file": INDEX_PACK, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    record["index_pack"] = {"file": INDEX_PACK, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                            "members_at": members_at}
     if f"{split}/{INDEX_PACK}" not in record.setdefault("files", []):
         record["files"].append(f"{split}/{INDEX_PACK}")
     return True

@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from pipeline.storage.atomic_files import FULL_DISK, write_bytes_atomic
 from pipeline.remote.block_cache import BlockCache
 from pipeline.remote.shared_blocks import FetchProcess
 from pipeline.spec import parse_size
 from pipeline.errors import DatasetError, RemoteDataError
-from pipeline.formats.converted import CONVERTERS, ConvertedSplit, Shard, checksum_table, member_table, split_record
+from pipeline.formats.converted import CONVERTERS, ConvertedSplit, Shard, assign_members, checksum_table, split_record
 from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest
 from pipeline.formats.wds_shards import PACKED, index_pack_parts
 from pipeline.storage.object_store import ObjectStore, open_store
@@ -102,17 +104,17 @@ def read_remote_converted(url: str, split: str, expected_format: str, cache_dir:
         (folder / split).mkdir(parents=True, exist_ok=True)
         if not (folder / MANIFEST).exists():
             write_bytes_atomic(folder / MANIFEST, raw, durable=False)
+        pack = IndexPack.of(split, record, folder / split)
         with ThreadPoolExecutor(1) as beside:
             ranges = beside.submit(_check_ranges, store, shards[0].object_name) if shards else None
             _fetch_missing(store, [(f"{split}/{entry[kind]}", folder / split / entry[kind], entry.get(f"{kind}_sha256"))
-                                   for entry in record.get("shards", []) for kind in PACKED if kind in entry],
-                           pack=_index_pack(split, record))
+                                   for entry in record.get("shards", []) for kind in PACKED if kind in entry], pack=pack)
             if ranges is not None:
                 ranges.result()
         for shard, entry in zip(shards, record.get("shards", [])):
-            shard.members = member_table(shard)
             if "checksums" in entry:
                 shard.checksums = checksum_table(shard, folder / split / entry["checksums"])
+        assign_members(shards, pack.members(record["count"]) if pack else None, [None] * len(shards))
         files = [Path(name) for name in record["files"]]
         if kind == "ffcv":      # FFCV memory-maps its file: read from a local copy, checked against the manifest
             files = [_staged_beton(store, record, folder)]
@@ -176,15 +178,14 @@ def _check_ranges(store: ObjectStore, name: str) -> None:
 
 
 def _fetch_missing(store: ObjectStore, wanted: list[tuple[str, Path, str | None]],
-                   converter: str = CONVERTERS["webdataset"], pack: tuple[str, dict] | None = None) -> None:
+                   converter: str = CONVERTERS["webdataset"], pack: IndexPack | None = None) -> None:
     """Of the (name, local file, sha256) wanted, the files the cache lacks (shards' indexes and
-    checksums): from the split's index pack where it has one (`_index_pack`), the others fetched
-    INDEX_FETCHES at once and written by this thread as they come: 128 threads each writing its
-    own file took about four times the CPU of one thread writing them all (their turns of the GIL,
-    the folder's lock)."""
+    checksums): from the split's index pack where it has one, the others fetched INDEX_FETCHES at
+    once and written by this thread as they come: 128 threads each writing its own file took about
+    four times the CPU of one thread writing them all (their turns of the GIL, the folder's lock)."""
     wanted = [(name, local, sha256) for name, local, sha256 in wanted if not local.exists()]
-    if pack is not None and len(wanted) > 1:
-        wanted = _unpacked(store, wanted, *pack)
+    if pack is not None and (wanted or not pack.members_file.exists()):
+        wanted = pack.unpacked(store, wanted)
     if not wanted:
         return
     with ThreadPoolExecutor(min(INDEX_FETCHES, len(wanted))) as pool:
@@ -197,47 +198,68 @@ def _fetch_missing(store: ObjectStore, wanted: list[tuple[str, Path, str | None]
             raise
 
 
-def _index_pack(split: str, record: dict) -> tuple[str, dict[str, tuple[int, int]]] | None:
-    """(its name, {file name: (start, end)} of each shard's file in it) of the split's index pack;
-    None where it has none (converted before packs, or repaired since)."""
-    pack = record.get("index_pack")
-    parts = index_pack_parts(record.get("shards", [])) if isinstance(pack, dict) else None
-    if not parts or max(end for _, end in parts.values()) != pack.get("bytes"):
-        return None
-    return f"{split}/{pack['file']}", {f"{split}/{name}": span for name, span in parts.items()}
+@dataclass
+class IndexPack:
+    """A split's index pack in the store (`pipeline/formats/wds_shards.py`): its shards' indexes and
+    checksums, then the split's member table, which the cache keeps as a file of its own."""
+    name: str                               # in the store
+    parts: dict[str, tuple[int, int]]       # (start, end) in it of each shard's file, by its name in the store
+    size: int
+    sha256: str
+    members_at: int
+    members_file: Path                      # in the cache
 
+    @classmethod
+    def of(cls, split: str, record: dict, folder: Path) -> IndexPack | None:
+        """The split's pack; None where it has none (converted before packs, or repaired since)."""
+        pack = record.get("index_pack")
+        if not isinstance(pack, dict) or not isinstance(pack.get("members_at"), int):
+            return None
+        parts = index_pack_parts(record.get("shards", []))
+        if not parts or max(end for _, end in parts.values()) != pack["members_at"]:
+            return None
+        return cls(f"{split}/{pack['file']}", {f"{split}/{name}": span for name, span in parts.items()},
+                   pack["bytes"], pack["sha256"], pack["members_at"], folder / f"{pack['file']}.members")
 
-def _unpacked(store: ObjectStore, wanted: list[tuple[str, Path, str | None]], pack: str,
-              parts: dict[str, tuple[int, int]]) -> list[tuple[str, Path, str | None]]:
-    """Writes into the cache those of the wanted files that the index pack holds as the manifest
-    records them, from the span of the pack that holds them (PACK_REQUEST_BYTES a request, the
-    requests at once); returns the others, to be fetched one by one: those not in it, or not as
-    recorded (damaged, or older than a repair), or all of them where the pack could not be read."""
-    inside = [file for file in wanted if file[0] in parts]
-    if not inside:
-        return wanted
-    first, end = min(parts[name][0] for name, _, _ in inside), max(parts[name][1] for name, _, _ in inside)
-    pieces = [(at, min(at + PACK_REQUEST_BYTES, end)) for at in range(first, end, PACK_REQUEST_BYTES)]
-    span = bytearray(end - first)
-    try:
-        with ThreadPoolExecutor(min(INDEX_FETCHES, len(pieces))) as pool:
-            for (start, stop), [data] in zip(pieces, pool.map(lambda piece: store.read_ranges(pack, [piece]), pieces)):
-                span[start - first:stop - first] = data
-    except RemoteDataError as error:
-        log.warning("%s; fetching the shards' indexes one by one instead", error)
-        return wanted
-    left = [file for file in wanted if file[0] not in parts]
-    for name, local, sha256 in inside:
-        start, stop = parts[name]
-        data = memoryview(span)[start - first:stop - first]
-        if sha256 is None or hashlib.sha256(data).hexdigest() == sha256:
-            write_bytes_atomic(local, data, durable=False)
-        else:
-            left.append((name, local, sha256))
-    if len(left) > len(wanted) - len(inside):
-        log.warning("%s: %d of its parts differ from the manifest's record (damaged, or older than a repair); "
-                    "those are fetched one by one", store.where(pack), len(left) - (len(wanted) - len(inside)))
-    return left
+    def members(self, count: int) -> np.ndarray | None:
+        """The split's member table as the cache keeps it; None where it does not (the indexes are parsed)."""
+        try:
+            table = np.fromfile(self.members_file, "<i8")
+        except FileNotFoundError:
+            return None
+        return table.reshape(-1, 3) if len(table) == 3 * count else None
+
+    def unpacked(self, store: ObjectStore, wanted: list[tuple[str, Path, str | None]]) -> list:
+        """Writes the pack's member table and the wanted files into the cache from the pack, fetched
+        PACK_REQUEST_BYTES a request, the requests at once; returns the wanted files it could not
+        give as the manifest records them (damaged, or older than a repair), to be fetched one by
+        one, or all of them where the pack could not be read."""
+        pieces = [(at, min(at + PACK_REQUEST_BYTES, self.size)) for at in range(0, self.size, PACK_REQUEST_BYTES)]
+        data = bytearray(self.size)
+        try:
+            with ThreadPoolExecutor(len(pieces)) as pool:
+                for (start, end), [piece] in zip(pieces, pool.map(lambda at: store.read_ranges(self.name, [at]),
+                                                                  pieces)):
+                    data[start:end] = piece
+        except RemoteDataError as error:
+            log.warning("%s; fetching the shards' indexes one by one instead", error)
+            return wanted
+        whole = hashlib.sha256(data).hexdigest() == self.sha256
+        if whole:
+            write_bytes_atomic(self.members_file, memoryview(data)[self.members_at:], durable=False)
+        left = []
+        for name, local, sha256 in wanted:
+            start, end = self.parts.get(name, (0, 0))
+            part = memoryview(data)[start:end]
+            if name in self.parts and (whole or sha256 is None or hashlib.sha256(part).hexdigest() == sha256):
+                write_bytes_atomic(local, part, durable=False)
+            else:
+                left.append((name, local, sha256))
+        if not whole:
+            log.warning("%s: its sha256 differs from the manifest's (damaged, or older than a repair): the shards' "
+                        "indexes are parsed, and %d of its parts that differ from their files are fetched one by one",
+                        store.where(self.name), sum(name in self.parts for name, _, _ in left))
+        return left
 
 
 def _fetched(store: ObjectStore, name: str, sha256: str | None = None,
