@@ -393,7 +393,8 @@ def test_wds_shards_are_deterministic_size_capped_and_indexed_as_dali_does_witho
     pack = (tmp_path / "a/train/shard-indexes.pack").read_bytes()
     files = b"".join((tmp_path / "a/train" / shard[kind]).read_bytes() for shard in shards for kind in ("index", "checksums"))
     assert record["index_pack"] == {"file": "shard-indexes.pack", "bytes": len(pack),
-                                    "sha256": hashlib.sha256(pack).hexdigest(), "members_at": len(files)}
+                                    "sha256": hashlib.sha256(pack).hexdigest(), "members_at": len(files),
+                                    "members_sha256": hashlib.sha256(pack[len(files):]).hexdigest()}
     assert pack[:len(files)] == files and "train/shard-indexes.pack" in record["files"]
     parsed = [member_table(Shard(tmp_path / "a/train" / s["tar"], tmp_path / "a/train" / s["index"], s["count"], 0))
               for s in shards]

@@ -4,9 +4,11 @@ in a bucket, the manifest last; a source folder that changed since is refused in
 nothing written; an FFCV split's .beton is written again with a new record."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 import verify_dataset
@@ -58,21 +60,45 @@ def test_only_the_damaged_shards_are_converted_again_byte_for_byte(source, tmp_p
     assert all(path.stat().st_mtime_ns == mtime for path, mtime in untouched.items())
 
 
-def test_a_shard_rebuilt_to_other_bytes_drops_the_splits_index_pack(source, tmp_path, capsys):
+def test_a_damaged_index_pack_is_read_around_found_and_written_again(source, tmp_path, capsys, caplog):
+    """Bit rot in the pack's member table: a loader parses the shards' indexes instead, saying so
+    in one line; the check names the pack; --repair writes it again from the shards' files."""
+    from pipeline.datasets import read_converted
+    out = tmp_path / "wds"
+    converted(source, out)
+    sound = read_converted(out, "train", "webdataset")
+    pack = out / "train" / "shard-indexes.pack"
+    flip(pack, pack.stat().st_size - 20)            # in the member table, its last part
+    with caplog.at_level("WARNING", logger="pipeline.formats.converted"):
+        damaged = read_converted(out, "train", "webdataset")
+    [line] = [record.getMessage() for record in caplog.records]
+    assert str(pack) in line and "fails its sha256" in line, line
+    assert all(np.array_equal(a.members, b.members) for a, b in zip(damaged.shards, sound.shards))
+    code, text, _ = check(capsys, out)
+    assert code == 1 and f"{out}/train/shard-indexes.pack: its sha256 differs" in text, text
+    code, text, _ = check(capsys, out, "--repair", source, "--num-workers", "1")
+    assert code == 0 and "train/shard-indexes.pack" in text and text.strip().splitlines()[-1].startswith("clean: ")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipeline.formats.converted"):
+        read_converted(out, "train", "webdataset")
+    assert not caplog.records
+
+
+def test_a_shard_rebuilt_to_other_bytes_gets_its_index_pack_written_again(source, tmp_path, capsys):
     """Where the libraries that encoded a shard changed since, its rebuilt files differ from the
-    first conversion's and its record is written anew: the split's index pack, which holds the old
-    index, is no longer named, and a loader reads each shard's own files."""
+    first conversion's and its record is written anew, and the split's index pack with it, from the
+    rebuilt files."""
     out = tmp_path / "wds"
     converted(source, out)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["splits"]["train"]["index_pack"]["file"] == "shard-indexes.pack"
     manifest["splits"]["train"]["shards"][1]["sha256"] = "0" * 64        # as other libraries wrote it
     (out / "manifest.json").write_text(json.dumps(manifest))
     code, text, _ = check(capsys, out, "--repair", source, "--num-workers", "1")
-    assert code == 0 and "train/shard-000001.tar" in text, text
+    assert code == 0 and "train/shard-000001.tar" in text and "train/shard-indexes.pack" in text, text
     record = json.loads((out / "manifest.json").read_text())["splits"]["train"]
-    assert "index_pack" not in record and "train/shard-indexes.pack" not in record["files"]
     assert record["shards"][1]["sha256"] != "0" * 64
+    pack = (out / "train" / record["index_pack"]["file"]).read_bytes()
+    assert record["index_pack"]["sha256"] == hashlib.sha256(pack).hexdigest()
     assert check(capsys, out)[0] == 0
 
 
@@ -116,6 +142,22 @@ def test_a_damaged_shard_in_a_bucket_is_put_again(source, bucket, tmp_path, caps
     assert client.get_object(Bucket=name, Key=key)["Body"].read() == sound
     puts, deletes = versions(client, name, "wds")
     assert puts["train/shard-000001.tar"] == 3 and puts["manifest.json"] == 1 and not deletes   # the manifest as it was
+
+
+def test_a_damaged_index_pack_in_a_bucket_is_dropped(source, bucket, tmp_path, capsys):
+    """Without the shards' files at hand to write it again, the repair drops the pack from the
+    manifest: the split's loaders parse the shards' indexes until it is converted again."""
+    client, name = bucket
+    converted(source, f"s3://{name}/wds")
+    key = "wds/train/shard-indexes.pack"
+    original = client.get_object(Bucket=name, Key=key)
+    data = bytearray(original["Body"].read())
+    data[len(data) // 2] ^= 0x08
+    client.put_object(Bucket=name, Key=key, Body=bytes(data), Metadata=original["Metadata"])
+    code, text, _ = check(capsys, f"s3://{name}/wds", "--repair", source, "--num-workers", "1")
+    assert code == 0 and text.strip().splitlines()[-1].startswith("clean: "), text
+    record = json.loads(client.get_object(Bucket=name, Key="wds/manifest.json")["Body"].read())["splits"]["train"]
+    assert "index_pack" not in record and "train/shard-indexes.pack" not in record["files"]
 
 
 def test_a_dataset_over_http_cannot_be_repaired(converted_sets, sample_sets, tmp_path, capsys):

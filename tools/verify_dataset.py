@@ -33,7 +33,8 @@ from pipeline.convert.upload import UPLOAD_SCHEMES, Destination
 from pipeline.errors import FAILS_CHECKSUM, DatasetError
 from pipeline.formats.beton_checksums import BetonLayoutError, damaged_samples as damaged_beton_samples
 from pipeline.formats.converted import CONVERTERS
-from pipeline.formats.wds_shards import IMAGE_MEMBER, LABEL_MEMBER, ShardRecord, index_rows, sample_checksum
+from pipeline.formats.wds_shards import (IMAGE_MEMBER, LABEL_MEMBER, ShardRecord, add_index_pack, drop_index_pack,
+                                         index_rows, sample_checksum)
 from pipeline.formats.manifest import MANIFEST, ManifestError, parse_manifest, write_manifest
 from pipeline.progress import Progress
 from pipeline.storage.atomic_files import FULL_DISK
@@ -41,6 +42,7 @@ from pipeline.storage.urls import is_url, redact
 
 log = logging.getLogger("verify_dataset")
 USAGE_ERROR, DAMAGED = 2, 1
+INDEX_PACK_UNIT = "index pack"
 IN_MEMORY, CHUNK = 512 << 20, 64 << 20      # a remote file larger than IN_MEMORY is copied to disk, CHUNK at a time
 
 
@@ -134,10 +136,12 @@ def damaged_samples(tar: bytes, members, checksums: np.ndarray) -> list[tuple[st
 def verify(source, manifest: dict, splits: list[str], only: set | None = None) -> dict:
     """Every file and sample of `splits` (of the units `only`, where given) checked: {"files", "samples",
     "bytes", "damaged_files", "damaged_samples", "damaged_units", "unchecked_splits"}. A unit is
-    (split, shard number) of a webdataset shard, (split, None) of an FFCV split."""
+    (split, shard number) of a webdataset shard, (split, INDEX_PACK_UNIT) of its split's index pack,
+    (split, None) of an FFCV split."""
     records = {split: manifest["splits"][split] for split in splits}
     units = [(split, number) for split, record in records.items() for number in range(len(record.get("shards", [])))] + \
-            [(split, None) for split, record in records.items() if "shards" not in record]
+            [(split, None) for split, record in records.items() if "shards" not in record] + \
+            [(split, INDEX_PACK_UNIT) for split, record in records.items() if "index_pack" in record]
     units = [unit for unit in units if only is None or unit in only]
     report = {"files": 0, "samples": 0, "bytes": 0, "damaged_files": [], "damaged_samples": [], "damaged_units": [],
               "unchecked_splits": []}
@@ -146,6 +150,10 @@ def verify(source, manifest: dict, splits: list[str], only: set | None = None) -
             damaged_before = len(report["damaged_files"]) + len(report["damaged_samples"])
             if number is None:        # one file for the split (FFCV's .beton)
                 check_beton(source, records[split], report)
+            elif number == INDEX_PACK_UNIT:
+                pack = records[split].get("index_pack")     # none once a repair dropped it
+                if pack is not None:
+                    check_file(source, f"{split}/{pack['file']}", pack["bytes"], pack["sha256"], report)
             else:
                 check_shard(source, split, records[split]["shards"][number], report)
             if len(report["damaged_files"]) + len(report["damaged_samples"]) > damaged_before:
@@ -229,10 +237,19 @@ def repair(source, manifest: dict, units: list[tuple], src: str, num_workers: in
         for split in dict.fromkeys(split for split, _ in units):
             record = manifest["splits"][split]
             if "shards" in record:
-                numbers = [number for unit_split, number in units if unit_split == split]
-                changed |= rebuild_shards(src, manifest, split, numbers, out, num_workers)
+                numbers = [number for unit_split, number in units if unit_split == split and number != INDEX_PACK_UNIT]
+                if numbers:
+                    changed |= rebuild_shards(src, manifest, split, numbers, out, num_workers)
                 rewritten += [f"{split}/{record['shards'][number][kind]}" for number in numbers
                               for kind in SHARD_FILES if kind in record["shards"][number]]
+                if (split, INDEX_PACK_UNIT) in units:
+                    drop_index_pack(split, record)
+                    changed = True
+                # In place, every shard's files are at hand to write the pack again; a bucket's split
+                # goes without one, its loaders parsing the shards' indexes, until converted again
+                if not isinstance(source, Remote) and add_index_pack(split, record, out):
+                    rewritten.append(f"{split}/{record['index_pack']['file']}")
+                    changed = True
             else:
                 changed |= rebuild_beton(src, manifest, split, out, num_workers)
                 rewritten += [record["files"][0], record["checksums"]]

@@ -9,6 +9,8 @@ records.
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -18,6 +20,8 @@ import numpy as np
 from pipeline.errors import DatasetError
 from pipeline.formats.manifest import MANIFEST, ManifestError, manifest_path, read_manifest
 from pipeline.formats.wds_shards import IndexLineError, index_members, members_end
+
+log = logging.getLogger(__name__)
 
 # The command that makes each format, for the messages that tell a user what to run
 CONVERTERS = {"ffcv": "python tools/convert_ffcv.py", "webdataset": "python tools/convert_wds.py"}
@@ -188,13 +192,19 @@ def check_tar_size(shard: Shard, table: np.ndarray, tar_size: Optional[int]) -> 
 
 def packed_members(pack: Path, record: dict) -> Optional[np.ndarray]:
     """The split's member table from its index pack (`pipeline/formats/wds_shards.py`), or None where
-    it has none or the file is not the size recorded (the shards' indexes are parsed instead)."""
+    it has none, or where its file is not the size recorded or its table fails its sha256 (damaged
+    since: one line saying so), and the shards' indexes are parsed instead."""
     entry = record.get("index_pack")
     if not isinstance(entry, dict) or not isinstance(entry.get("members_at"), int):
         return None
     if _size_or_none(pack) != entry["bytes"] or entry["bytes"] - entry["members_at"] != 24 * record["count"]:
         return None
-    return np.fromfile(pack, "<i8", offset=entry["members_at"]).reshape(-1, 3)
+    table = np.fromfile(pack, "<i8", offset=entry["members_at"])
+    if hashlib.sha256(table).hexdigest() != entry.get("members_sha256"):
+        log.warning("%s: its member table fails its sha256 (damaged since it was written): the shards' indexes are "
+                    "read instead; python tools/verify_dataset.py --repair SRC writes it again", pack)
+        return None
+    return table.reshape(-1, 3)
 
 
 def assign_members(shards: list[Shard], table: Optional[np.ndarray], tar_sizes) -> None:

@@ -18,8 +18,8 @@ reads their format (as pipeline/formats/beton_checksums.py does for FFCV): a sam
   from `members_at` on: per sample, its image's offset and size and its label's offset in its tar,
   little-endian int64, what a loader would otherwise parse from a thousand indexes. A loader reading
   the split from a URL fetches it in a request or a few rather than two a shard. The split's record
-  names it as `index_pack` (file, bytes, sha256, members_at); each part is also checked against its
-  own file's sha256, so a pack that no longer matches its shards costs only speed.
+  names it as `index_pack` (file, bytes, sha256, members_at, members_sha256); each part is also checked
+  against its own file's sha256, so a pack that no longer matches its shards costs only speed.
 """
 from __future__ import annotations
 
@@ -279,9 +279,10 @@ def index_pack_parts(shards: list[dict]) -> dict[str, tuple[int, int]] | None:
 
 def add_index_pack(split: str, record: dict, out: Path) -> bool:
     """Writes the index pack of a webdataset split in OUT/<split> from its shards' files, where its
-    record names none or its file is not the size recorded, and records it; True if it did."""
+    record names none or its file is not the one recorded (missing, or damaged since), and records
+    it; True if it did."""
     pack, folder = record.get("index_pack"), out / split
-    if pack and (folder / pack["file"]).is_file() and (folder / pack["file"]).stat().st_size == pack["bytes"]:
+    if pack and _file_sha256(folder / pack["file"]) == pack["sha256"]:
         return False
     if index_pack_parts(record["shards"]) is None:
         return False
@@ -292,14 +293,23 @@ def add_index_pack(split: str, record: dict, out: Path) -> bool:
             if kind in files:
                 data += (folder / files[kind].name).read_bytes()
         tables.append(index_members((folder / files["index"].name).read_text()))
+    members = np.concatenate(tables).astype("<i8").tobytes()
     members_at = len(data)
-    data += np.concatenate(tables).astype("<i8").tobytes()
+    data += members
     write_bytes_atomic(folder / INDEX_PACK, data)
     record["index_pack"] = {"file": INDEX_PACK, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                            "members_at": members_at}
+                            "members_at": members_at, "members_sha256": hashlib.sha256(members).hexdigest()}
     if f"{split}/{INDEX_PACK}" not in record.setdefault("files", []):
         record["files"].append(f"{split}/{INDEX_PACK}")
     return True
+
+
+def _file_sha256(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 def drop_index_pack(split: str, record: dict) -> None:
