@@ -7,7 +7,8 @@ recorded (the CRC-32 of its image and label bytes, `shard-NNNNNN.crc32` beside e
 Prints progress, then a summary and every damaged file and sample (`TAR:KEY`, as the loaders name
 them). Exit code 0: clean; 1: damaged; 2: not a dataset this can read (one line naming it).
 `--repair SRC` then converts the damaged shards again from SRC, the source the dataset was converted
-from (pipeline/convert/repair.py), checks them again, and exits 0 once they are sound. A dataset
+from (pipeline/convert/repair.py), writes a split's index pack again from its shards' files (in a
+bucket: drops it from the manifest), checks them again, and exits 0 once they are sound. A dataset
 converted before per-sample checksums is checked file by file, with one line saying its samples
 are unchecked. An FFCV `.beton` is checked against its sha256 and each of its samples against its
 recorded checksum (`SPLIT.crc32`, pipeline/formats/beton_checksums.py), named `BETON: sample N`.
