@@ -49,10 +49,13 @@ try:
 except ImportError:     # a tree from before index packs
     packed_members = None
 if packed_members is not None:
-    record = {"count": samples, "index_pack": {"bytes": 24 * samples, "members_at": 0}}
+    import hashlib
+    pack = index.with_name("shard-indexes.pack")
+    record = {"count": samples, "index_pack": {"bytes": 24 * samples, "members_at": 0,
+                                               "members_sha256": hashlib.sha256(pack.read_bytes()).hexdigest()}}
     starts = np.cumsum([0] + counts[:-1])
     started = time.perf_counter()
-    table = packed_members(index.with_name("shard-indexes.pack"), record)
+    table = packed_members(pack, record)        # read, and checked against its sha256
     tables = [table[first:first + count] for first, count in zip(starts.tolist(), counts)]
     figures["members_from_pack_s"] = time.perf_counter() - started
 stored = StoredShards.__new__(StoredShards)     # the plan needs the counts alone

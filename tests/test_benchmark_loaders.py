@@ -149,7 +149,7 @@ def test_loader_start_benchmark_sets_this_tree_against_a_revision(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     [results] = tmp_path.glob("*.jsonl")
     rows = {row["what"]: row for row in map(json.loads, results.read_text().splitlines())}
-    assert set(rows) == {"index_s", "plan_s_world_1", "plan_s_world_2"}, result.stdout
+    assert set(rows) == {"index_s", "members_from_pack_s", "plan_s_world_1", "plan_s_world_2"}, result.stdout
     for row in rows.values():
         assert row["benchmark"] == "loader_start" and row["against"] == "HEAD" and row["samples"] == 3000
         assert row["seconds"] > 0 and row["seconds_against"] > 0 and HARDWARE_KEYS <= set(row["hardware"])

@@ -233,15 +233,18 @@ class IndexPack:
         """Writes the pack's member table and the wanted files into the cache from the pack, fetched
         PACK_REQUEST_BYTES a request, the requests at once; returns the wanted files it could not
         give as the manifest records them (damaged, or older than a repair), to be fetched one by
-        one, or all of them where the pack could not be read."""
+        one, or all of them where the store has no pack."""
         pieces = [(at, min(at + PACK_REQUEST_BYTES, self.size)) for at in range(0, self.size, PACK_REQUEST_BYTES)]
-        data = bytearray(self.size)
         try:
-            with ThreadPoolExecutor(len(pieces)) as pool:
-                for (start, end), [piece] in zip(pieces, pool.map(lambda at: store.read_ranges(self.name, [at]),
-                                                                  pieces)):
-                    data[start:end] = piece
-        except RemoteDataError as error:
+            if len(pieces) == 1:
+                data = store.read(self.name)
+            else:
+                data = bytearray(self.size)
+                with ThreadPoolExecutor(len(pieces)) as pool:
+                    for (start, end), [piece] in zip(pieces, pool.map(lambda at: store.read_ranges(self.name, [at]),
+                                                                      pieces)):
+                        data[start:end] = piece
+        except RemoteNotFound as error:     # its upload lost: what else the store refuses stops the run, in a line
             log.warning("%s; fetching the shards' indexes one by one instead", error)
             return wanted
         whole = hashlib.sha256(data).hexdigest() == self.sha256
