@@ -284,7 +284,7 @@ def add_index_pack(split: str, record: dict, out: Path) -> bool:
     pack, folder = record.get("index_pack"), out / split
     if pack and _file_sha256(folder / pack["file"]) == pack["sha256"]:
         return False
-    if index_pack_parts(record["shards"]) is None:
+    if not record["shards"] or index_pack_parts(record["shards"]) is None:      # nothing to pack, or sizes unknown
         return False
     data, tables = bytearray(), []
     for shard in record["shards"]:
