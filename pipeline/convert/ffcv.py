@@ -41,10 +41,9 @@ from pipeline.convert.options import WRITE_MODES, FfcvOptions, RunOptions
 from pipeline.convert.parallel import map_samples
 from pipeline.convert.sources import Missing, Source
 from pipeline.convert.splits import SplitResult, run_conversion
-from pipeline.convert.upload import sha256_file
 from pipeline.formats.beton_checksums import SAMPLE_CHECKSUM, MappedFile, read_layout, sample_checksums
 from pipeline.formats.beton_layout import canonical_copy
-from pipeline.storage.atomic_files import replace_atomically, write_bytes_atomic
+from pipeline.storage.atomic_files import replace_atomically, sha256_file, write_bytes_atomic
 from pipeline.formats.imagefolder import Skipped
 from pipeline.progress import Progress
 

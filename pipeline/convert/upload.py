@@ -23,6 +23,7 @@ from pipeline.convert.errors import ConversionError, ConversionFault
 from pipeline.errors import RemoteDataError
 from pipeline.formats.manifest import MANIFEST, ManifestError, read_manifest, write_manifest
 from pipeline.formats.wds_shards import ShardFile, ShardRecord
+from pipeline.storage.atomic_files import sha256_file
 from pipeline.storage.object_store import open_store
 from pipeline.storage.errors import describe_error
 from pipeline.storage.urls import redact
@@ -36,11 +37,6 @@ PART_BYTES = 8 << 20                 # smallest multipart part; S3 wants >= 5 Mi
 MAX_PARTS = 9000                     # S3 allows 10,000 parts: parts grow for larger files
 MiB = 1 << 20
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def is_destination_url(out: str) -> bool:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.storage.atomic_files import write_bytes_atomic
+from pipeline.storage.atomic_files import sha256_file, write_bytes_atomic
 
 MEMBERS = {"image": "jpg", "label": "cls", "label_int32": "lbl"}
 IMAGE_MEMBER, LABEL_MEMBER = MEMBERS["image"], MEMBERS["label_int32"]     # the members the loaders read
@@ -282,7 +282,7 @@ def add_index_pack(split: str, record: dict, out: Path) -> bool:
     record names none or its file is not the one recorded (missing, or damaged since), and records
     it; True if it did."""
     pack, folder = record.get("index_pack"), out / split
-    if pack and _file_sha256(folder / pack["file"]) == pack["sha256"]:
+    if pack and (folder / pack["file"]).is_file() and sha256_file(folder / pack["file"]) == pack["sha256"]:
         return False
     if not record["shards"] or index_pack_parts(record["shards"]) is None:      # nothing to pack, or sizes unknown
         return False
@@ -302,14 +302,6 @@ def add_index_pack(split: str, record: dict, out: Path) -> bool:
     if f"{split}/{INDEX_PACK}" not in record.setdefault("files", []):
         record["files"].append(f"{split}/{INDEX_PACK}")
     return True
-
-
-def _file_sha256(path: Path) -> str | None:
-    try:
-        with open(path, "rb") as file:
-            return hashlib.file_digest(file, "sha256").hexdigest()
-    except FileNotFoundError:
-        return None
 
 
 def drop_index_pack(split: str, record: dict) -> None:

@@ -3,11 +3,13 @@
 Everything goes to a temporary name beside the target first and is renamed into place:
 a rename within one folder is atomic, so a reader sees the old file or the new one. With
 `durable=True` the data and the folder entry are also fsynced (manifests, whose presence
-means "complete"); bulk outputs that a rerun recreates skip that cost.
+means "complete"); bulk outputs that a rerun recreates skip that cost. `sha256_file` gives a
+written file's sha256, as manifests record it.
 """
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -21,6 +23,12 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sha256_file(path: Path) -> str:
+    """The file's sha256, read in chunks (a .beton can be larger than memory)."""
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def check_writable(folder: Path) -> None:
