@@ -70,14 +70,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-import numpy as np
-
 from benchmarks.hardware import (add_results_options, append_results, cpu_words, cpus_by_core, pin_to_cpus, results_folder,
                                  signature)
 from benchmarks.memory import PeakMemory
-from benchmarks.remote_sources import RemoteSource, cpu_seconds
+from benchmarks.remote_figures import FetchCounters, remote_line, split_bytes
+from benchmarks.remote_sources import RemoteSource
 from pipeline.datasets import REMOTE_BACKENDS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (how it is built, the data form it reads)
 CONFIGURATIONS = {
@@ -155,14 +155,12 @@ def measure(config: dict) -> dict:
     built = time.perf_counter()
     loader = build(config)
     seconds, busy, total, stages_after_warmup, first_batch = [], 0, 0, None, None
-    fetched, requests, fetch_process_cpu, server_cpu = [], [], [], []
+    counters = FetchCounters(loader, remote["server_cpu_ids"]) if remote else None
     for epoch in range(config["epochs"] + 1):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
-        if remote:
-            store = loader.stored.source.store
-            bytes0, requests0 = store.bytes_read, store.requests
-            fetcher0, server0 = fetch_process_seconds(loader), servers_seconds(remote)
+        if counters:
+            counters.epoch_started()
         busy0, total0 = busy_jiffies()
         started = time.perf_counter()
         images = 0
@@ -178,28 +176,14 @@ def measure(config: dict) -> dict:
         if epoch:
             busy1, total1 = busy_jiffies()
             busy, total = busy + busy1 - busy0, total + total1 - total0
-        if remote:
-            fetched.append(store.bytes_read - bytes0)
-            requests.append(store.requests - requests0)
-            fetch_process_cpu.append(fetch_process_seconds(loader) - fetcher0)
-            server_cpu.append(servers_seconds(remote) - server0)
+        if counters:
+            counters.epoch_ended()
     memory.running = False
     figures = {"img_per_s": images / statistics.median(seconds[1:]), "images_per_epoch": images,
                "epoch_seconds": seconds[1:], "warmup_seconds": seconds[0], "cpu_util": busy / total if total else None,
                "peak_rss_mb": memory.peak_mb, "first_batch_seconds": first_batch}
-    if remote:
-        from pipeline.remote.block_plan import sample_spans
-        starts, ends = sample_spans(loader.stored.members)
-        last_epoch = loader.stored.epoch_batches(loader.spec, config["epochs"])     # webdataset's and DALI's source's
-        read = int((ends - starts)[np.concatenate(last_epoch)].sum())
-        figures.update(fetched_bytes_per_epoch=statistics.median(fetched[1:]), first_epoch_fetched_bytes=fetched[0],
-                       first_epoch_requests=requests[0],
-                       requests_per_epoch=statistics.median(requests[1:]), sample_bytes_per_epoch=read,
-                       cache_limit=config["options"]["cache_limit"], streamed_in_memory=loader.stored.in_memory,
-                       fetch_size=loader.stored.block_bytes,
-                       fetch_process_cpu_s_per_epoch=statistics.median(fetch_process_cpu[1:]),
-                       fetch_process_direct_share=fetch_process_direct_share(loader),
-                       server_cpu_s_per_epoch=statistics.median(server_cpu[1:]))
+    if counters:
+        figures.update(counters.figures(config["epochs"], config["options"]["cache_limit"]))
         shutil.rmtree(config["options"]["cache_dir"], ignore_errors=True)
     if stages_after_warmup and loader.engine_samples > stages_after_warmup[1]:
         # CPU microseconds per image in each stage of the decode engine, over the timed epochs
@@ -212,38 +196,6 @@ def measure(config: dict) -> dict:
 def first_epoch_rate(figures: dict) -> float:
     """img/s of the warm-up epoch: from the loader built to its last batch."""
     return figures["images_per_epoch"] / figures["warmup_seconds"]
-
-
-def shared_blocks(loader):
-    """The loader's fetch process (`SharedBlocks`) where its split streams through memory, else None."""
-    fetch_process = getattr(getattr(loader.stored, "sources", None), "fetch_process", None)
-    return fetch_process.shared if fetch_process is not None else None
-
-
-def fetch_process_seconds(loader) -> float:
-    """The CPU time so far of the loader's fetch process; 0 without one."""
-    shared = shared_blocks(loader)
-    return cpu_seconds(shared.process.pid, descendants=False) if shared is not None else 0.0
-
-
-def fetch_process_direct_share(loader) -> float | None:
-    """The share of its requests the fetch process read directly (`pipeline/storage/direct_ranges.py`),
-    not through obstore; None without one."""
-    shared = shared_blocks(loader)
-    if shared is None or not shared.requests_made:
-        return None
-    return shared.direct_requests / shared.requests_made
-
-
-def servers_seconds(remote: dict) -> float:
-    """The CPU time so far of the servers on this machine that answer the loader's requests."""
-    return sum(cpu_seconds(pid, descendants) for pid, descendants in remote["server_cpu_ids"])
-
-
-def split_bytes(conversion: Path, split: str) -> int:
-    """The bytes of a converted webdataset split's shards, from its manifest."""
-    manifest = json.loads((conversion / "manifest.json").read_text())
-    return sum(shard["bytes"] for shard in manifest["splits"][split]["shards"])
 
 
 def convert(form: str, source: Path, cache: Path) -> Path:
@@ -419,17 +371,7 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                           f"{'-' if cpu is None else format(cpu, '.0%'):>5} "
                           f"{'-' if memory is None else format(memory, '.0f'):>6}", flush=True)
                     if remote:
-                        print(" " * 18 + f"{figures.get('share_of_local', float('nan')):.2f}x local; per epoch "
-                              f"{figures['fetched_bytes_per_epoch'] / 2**20:.1f} MiB in {figures['requests_per_epoch']:.0f} "
-                              f"requests for {figures['sample_bytes_per_epoch'] / 2**20:.1f} MiB of samples; "
-                              f"first batch {figures['first_batch_seconds']:.2f} s; first epoch "
-                              f"{figures.get('first_epoch_share_of_local', float('nan')):.2f}x local, "
-                              f"{figures['first_epoch_fetched_bytes'] / 2**20:.1f} MiB in "
-                              f"{figures['first_epoch_requests']} requests; CPU-s per epoch: "
-                              f"fetch process {figures['fetch_process_cpu_s_per_epoch']:.2f}"
-                              + ("" if figures["fetch_process_direct_share"] is None else
-                                 f" ({figures['fetch_process_direct_share']:.0%} of its requests direct)") + ", "
-                              f"server here {figures['server_cpu_s_per_epoch']:.2f}")
+                        print(" " * 18 + remote_line(figures))
                     if "engine_us_per_image" in figures:
                         print(" " * 18 + "engine, CPU us per image: " + ", ".join(
                             f"{stage} {us:.0f}" for stage, us in figures["engine_us_per_image"].items()) +
