@@ -48,7 +48,8 @@ local-disk figure, from the same conversion in object storage or behind HTTP
 (`benchmarks/remote_sources.py`), with a cache limit of half the split, so that every
 epoch streams as a dataset larger than a node's disk does (through memory, nothing kept on
 disk; the bytes fetched per epoch show it), or with `--remote-cache kept` twice the split, so
-that the first epoch (the warm-up) fills the cache and later ones read it. Also recorded then:
+that the first epoch (the warm-up) fills the cache and later ones read it. Also recorded then
+(`benchmarks/remote_figures.py`):
 its img/s as a share of local disk's, and its first epoch's of local disk's first, the bytes and requests fetched per
 epoch (and in the first) against the bytes of the samples read (each from its image to its label in the shard),
 the time from building the loader to its first batch, and the CPU time per epoch of the fetch
