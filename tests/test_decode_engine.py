@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 
 import numpy as np
 import pytest
@@ -233,6 +234,30 @@ def test_restart_markers_change_no_pixel(stored, split, side, tmp_path):
         assert not decoded.failed
         assert np.array_equal(cut, whole), scales
         assert np.array_equal(cut[:48], unmarked), scales
+
+
+def test_damaged_segments_are_reported_not_decoded(stored, tmp_path):
+    """An MCU whose segment holds a code no table has, or ends before the MCU does, fails its
+    sample with libjpeg's words, whether the engine's segment decoder (jpeg_huffman.h) or
+    libjpeg's own reads it; the samples beside it decode."""
+    _, jpegs = stored
+    marked = jpegs[0]
+    markers = [found.start() for found in re.finditer(rb"\xff[\xd0-\xd7]", marked)]
+    width, height = Image.open(io.BytesIO(marked)).size
+    across = -(-width // 16)                                                      # the photos are 4:2:0
+    middle = (-(-height // 16) // 2) * across + across // 2                       # an MCU under the val crop
+    start, end = markers[middle - 1] + 2, markers[middle]
+    bad_code = marked[:start] + b"\xff\x00" * 8 + marked[end:]                   # all ones: no table's code
+    cut_short = marked[:start + 1] + marked[end:]
+    spec = LoaderSpec("webdataset", path="unused", split="val")
+    for restarts in (True, False):
+        out, decoded = decode_pieces([bad_code, cut_short, marked], tmp_path / "damaged.bin", spec, 64,
+                                     restarts=restarts)
+        messages = dict(decoded.failed)
+        assert sorted(messages) == [0, 1], restarts
+        assert "bad Huffman code" in messages[0], messages
+        assert "Corrupt JPEG data" in messages[1], messages
+        assert out[2].std() > 0
 
 
 def test_restart_markers_are_lossless_and_one_per_mcu(stored):

@@ -12,7 +12,8 @@
  *           the rows below never decoded), at the smallest allowed DCT scale M/8 that still
  *           leaves the crop at least `oversample` x the target side; a JPEG with a restart
  *           marker after every MCU (convert_wds.py's) is first cut down to the MCUs under the
- *           crop (jpeg_restarts.h), so the MCUs above and beside it are not even Huffman-decoded;
+ *           crop (jpeg_restarts.h), so the MCUs above and beside it are not even Huffman-decoded,
+ *           and those under it are Huffman-decoded segment by segment (jpeg_huffman.h);
  *   resize  to side x side with Pillow's antialiased bilinear filter (separable: across, then down,
  *           through a uint8 intermediate; 14-bit fixed point weights: Pillow's pixels within 1 or 2);
  *   write   flipped and ColOut'ed (kept rows and columns given by Python) as RGB into the
@@ -35,6 +36,7 @@
 #include <zlib.h>
 #include "crc32_fold.h"
 #include "jpeg_errors.h"
+#include "jpeg_huffman.h"
 #include "jpeg_restarts.h"
 #include "numpy_random.h"
 #ifdef __SSE4_1__
@@ -90,6 +92,7 @@ typedef struct {                                  /* one thread's decoder and gr
     size_t bytes_size, region_size, rows_size, resized_size;
     double uniforms[MOST_UNIFORMS];
     restart_index restarts;
+    segment_decoder segments;                     /* decodes the MCUs of a JPEG with a restart index */
     unsigned char *cut;                           /* the JPEG of the crop's MCUs (jpeg_restarts.h) */
     size_t cut_size;
     axis_weights across, down;
@@ -459,6 +462,22 @@ static void read_header(worker *self, const unsigned char *jpeg, size_t size) {
         refuse(&self->errors, "CMYK JPEG (not decoded here)");
 }
 
+/* Every MCU of the scan into coefficients, and nothing more: the entropy decoding that a decode
+ * of the same crop cannot avoid (benchmarks/loaders.py's decode_floor). */
+static void decode_all_mcus(worker *self, struct jpeg_decompress_struct *info, int segmented) {
+    JBLOCK blocks[C_MAX_BLOCKS_IN_MCU];
+    JBLOCKROW pointers[C_MAX_BLOCKS_IN_MCU];
+    for (int b = 0; b < C_MAX_BLOCKS_IN_MCU; b++) pointers[b] = &blocks[b];
+    /* one component: an MCU is one block, so a row of MCUs is a row of blocks */
+    int rows = info->comps_in_scan == 1 ? (int)info->cur_comp_info[0]->height_in_blocks : (int)info->total_iMCU_rows;
+    for (int row = 0; row < rows; row++)
+        for (int column = 0; column < (int)info->MCUs_per_row; column++) {
+            memset(blocks, 0, sizeof(JBLOCK) * info->blocks_in_MCU);   /* as libjpeg's coefficient controller does */
+            if (segmented) segments_decode(&self->segments, info->blocks_in_MCU, info->MCU_membership, row, column, pointers);
+            else (*info->entropy->decode_mcu)(info, pointers);
+        }
+}
+
 static void make_sample(worker *self, batch_job *job, int i) {
     struct jpeg_decompress_struct *info = &self->info;
     double *seconds = job->stage_seconds + (long)i * STAGES, started = now();
@@ -497,6 +516,7 @@ static void make_sample(worker *self, batch_job *job, int i) {
     if (col0 < 0) col0 = 0;
     if (row1 > scaled_height) row1 = scaled_height;
     if (col1 > scaled_width) col1 = scaled_width;
+    int top = 0, bottom = indexed ? self->restarts.mcus_down : 0, left = 0, right = indexed ? self->restarts.mcus_across : 0;
     if (indexed && (row1 - row0) * (col1 - col0) < scaled_height * scaled_width) {
         /* Only the MCUs under rows [row0, row1) and columns [col0, col1), cut out as a JPEG
          * of their own (coordinates move with its corner). Pixels at a cut edge differ from the
@@ -505,8 +525,8 @@ static void make_sample(worker *self, batch_job *job, int i) {
          * jpeg_crop_scanline's edges. */
         const restart_index *index = &self->restarts;
         int mcu_rows = index->mcu_height * m / 8, mcu_cols = index->mcu_width * m / 8;
-        int top = row0 / mcu_rows, bottom = (row1 + mcu_rows - 1) / mcu_rows;
-        int left = col0 / mcu_cols, right = (col1 + mcu_cols - 1) / mcu_cols;
+        top = row0 / mcu_rows; bottom = (row1 + mcu_rows - 1) / mcu_rows;
+        left = col0 / mcu_cols; right = (col1 + mcu_cols - 1) / mcu_cols;
         if (bottom > index->mcus_down) bottom = index->mcus_down;
         if (right > index->mcus_across) right = index->mcus_across;
         size_t cut_size = restart_region_size(index, top, bottom, left, right);
@@ -521,7 +541,7 @@ static void make_sample(worker *self, batch_job *job, int i) {
     }
     double entry_done = now();
     seconds[1] = entry_done - read_done;
-    if (job->entropy_only) {                   /* the rows of the MCUs cut, or (without markers) all of them */
+    if (job->entropy_only && !indexed) {       /* every MCU of a JPEG without markers */
         jpeg_read_coefficients(info);
         jpeg_abort_decompress(info);
         seconds[2] = now() - entry_done;
@@ -531,6 +551,14 @@ static void make_sample(worker *self, batch_job *job, int i) {
     info->scale_num = (unsigned)m;
     info->scale_denom = 8;
     jpeg_start_decompress(info);
+    int segmented = indexed && segments_take_over(&self->segments, info, &self->restarts, jpeg, jpeg + jpeg_size, top,
+                                                  left, bottom - top, right - left);
+    if (job->entropy_only) {                   /* the MCUs cut, Huffman-decoded as the decode below would */
+        decode_all_mcus(self, info, segmented);
+        jpeg_abort_decompress(info);
+        seconds[2] = now() - entry_done;
+        return;
+    }
     JDIMENSION first_col = (JDIMENSION)col0, region_width = (JDIMENSION)(col1 - col0);
     if (region_width < info->output_width) jpeg_crop_scanline(info, &first_col, &region_width);
     int rows = row1 - row0;
@@ -561,6 +589,7 @@ static void *work(void *argument) {
     memset(&self, 0, sizeof self);
     jpeg_errors_start(&self.info, &self.errors, self.spare_message, sizeof self.spare_message);
     jpeg_create_decompress(&self.info);
+    self.segments.errors = &self.errors;
     int row_values = 3 * job->out_cols;
     self.rgb = malloc(row_values);
     self.row_scale = malloc(sizeof(float) * row_values);
