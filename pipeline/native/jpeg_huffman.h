@@ -29,7 +29,10 @@
 
 typedef struct {
     unsigned short fast[1 << FAST_BITS];  /* next FAST_BITS bits -> length << 8 | symbol; 0: a longer code */
-    int fast_ac[1 << FAST_BITS];          /* AC: value << 8 | run << 4 | code and value's length; 0: none */
+    int fast_value[1 << FAST_BITS];       /* a code and its value bits in one: 0 where they are longer, else
+                                             DC: value << 8 | length;
+                                             AC: value << 16 | step << 8 | length, the step to the next
+                                             coefficient being run + 1, 16 for 16 zeros, 64 for the block's end */
     uint32_t limit[18];                   /* a code of length l is below limit[l] (16-bit, left-aligned) */
     int offset[18];                       /* its symbol: values[code + offset[l]] */
     unsigned char values[256];
@@ -54,11 +57,14 @@ typedef struct {
     error_manager *errors;
 } segment_decoder;
 
-/* Natural order of the zigzag index, with libjpeg's 16 spare entries for a corrupt run past 63 */
-static const unsigned char natural_order[64 + 16] = {
-    0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6, 7, 14, 21,
-    28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61,
-    54, 47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
+/* Natural order of the zigzag index, with spare entries (63, as libjpeg's) for a corrupt run past
+ * 63 and for the zero an end of block writes at k + 63 (never yet written: k < 64) */
+static const unsigned char natural_order[128] = {
+    0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6, 7, 14,
+    21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60,
+    61, 54, 47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63,
+    63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63,
+    63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
 
 static inline int extend(int value, int size) { return value < (1 << (size - 1)) ? value - (1 << size) + 1 : value; }
 
@@ -70,7 +76,7 @@ static void huffman_build(huffman_table *table, const JHUFF_TBL *from, int is_ac
         return;
     table->built = 0;
     memset(table->fast, 0, sizeof table->fast);
-    memset(table->fast_ac, 0, sizeof table->fast_ac);
+    memset(table->fast_value, 0, sizeof table->fast_value);
     int code = 0, k = 0;
     for (int length = 1; length <= 16; length++) {
         table->offset[length] = k - code;
@@ -85,13 +91,14 @@ static void huffman_build(huffman_table *table, const JHUFF_TBL *from, int is_ac
         code <<= 1;
     }
     table->limit[17] = 0xFFFFFFFFu;            /* no code is this long: the search stops here */
-    if (is_ac)
-        for (int peek = 0; peek < 1 << FAST_BITS; peek++) {
-            int entry = table->fast[peek], length = entry >> 8, run = (entry >> 4) & 15, size = entry & 15;
-            if (!entry || !size || length + size > FAST_BITS) continue;
-            int value = (peek >> (FAST_BITS - length - size)) & ((1 << size) - 1);
-            table->fast_ac[peek] = extend(value, size) * 256 + run * 16 + length + size;
-        }
+    for (int peek = 0; peek < 1 << FAST_BITS; peek++) {
+        int entry = table->fast[peek], length = entry >> 8, symbol = entry & 255;
+        int run = is_ac ? symbol >> 4 : 0, size = is_ac ? symbol & 15 : symbol;
+        if (!entry || size > 15 || length + size > FAST_BITS) continue;
+        int value = size ? extend((peek >> (FAST_BITS - length - size)) & ((1 << size) - 1), size) : 0;
+        int step = size ? run + 1 : run == 15 ? 16 : 64;
+        table->fast_value[peek] = is_ac ? value * 65536 + step * 256 + length + size : value * 256 + length + size;
+    }
     memcpy(table->bits, from->bits, sizeof table->bits);
     memcpy(table->huffval, from->huffval, sizeof table->huffval);
     table->built = 1;
@@ -153,25 +160,31 @@ static inline int decode_symbol(bit_reader *r, const huffman_table *table) {
 static inline int decode_block(bit_reader *r, const huffman_table *dc_table, const huffman_table *ac_table,
                                int *dc, JCOEF *block) {
     if (r->count < 32) refill(r);
-    int size = decode_symbol(r, dc_table);
-    if (size < 0) return 0;
-    if (size) *dc += extend(take_bits(r, size), size);
+    int fast = dc_table->fast_value[r->bits >> (64 - FAST_BITS)];
+    if (fast) {
+        *dc += fast >> 8;
+        r->bits <<= fast & 31;
+        r->count -= fast & 31;
+    } else {
+        int size = decode_symbol(r, dc_table);
+        if (size < 0) return 0;
+        if (size) *dc += extend(take_bits(r, size), size);
+    }
     block[0] = (JCOEF)*dc;
     for (int k = 1; k < 64;) {
         if (r->count < 32) refill(r);
-        int fast = ac_table->fast_ac[r->bits >> (64 - FAST_BITS)];
+        fast = ac_table->fast_value[r->bits >> (64 - FAST_BITS)];
         if (fast) {
-            k += (fast >> 4) & 15;
-            block[natural_order[k]] = (JCOEF)(fast >> 8);
-            r->bits <<= fast & 15;
-            r->count -= fast & 15;
-            k++;
+            int step = (fast >> 8) & 127;
+            block[natural_order[k + step - 1]] = (JCOEF)(fast >> 16);
+            k += step;
+            r->bits <<= fast & 31;
+            r->count -= fast & 31;
             continue;
         }
         int symbol = decode_symbol(r, ac_table);
         if (symbol < 0) return 0;
-        int run = symbol >> 4;
-        size = symbol & 15;
+        int run = symbol >> 4, size = symbol & 15;
         if (size) {
             k += run;
             block[natural_order[k]] = (JCOEF)extend(take_bits(r, size), size);
