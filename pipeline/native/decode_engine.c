@@ -88,8 +88,9 @@ typedef struct {                                  /* one thread's decoder and gr
     error_manager errors;
     char spare_message[JMSG_LENGTH_MAX];
     unsigned char *bytes, *region, *rows, *resized, *rgb;   /* rgb: one output row before normalizing */
+    JSAMPROW *row_pointers;                                  /* into region */
     float *row_scale, *row_offset;                  /* the normalization constants along a row */
-    size_t bytes_size, region_size, rows_size, resized_size;
+    size_t bytes_size, region_size, rows_size, resized_size, row_pointers_size;
     double uniforms[MOST_UNIFORMS];
     restart_index restarts;
     segment_decoder segments;                     /* decodes the MCUs of a JPEG with a restart index */
@@ -567,10 +568,11 @@ static void make_sample(worker *self, batch_job *job, int i) {
                         &self->errors);
     if (row0 > 0 && jpeg_skip_scanlines(info, (JDIMENSION)row0) != (JDIMENSION)row0)
         refuse(&self->errors, "cannot skip %d rows", row0);
-    for (int row = 0; row < rows;) {
-        JSAMPROW pointer = self->region + (size_t)row * region_width * 4;
-        row += (int)jpeg_read_scanlines(info, &pointer, 1);
-    }
+    /* every row's pointer at once: libjpeg then colour-converts a row group per call, not a row */
+    self->row_pointers = grow(self->row_pointers, &self->row_pointers_size, sizeof(JSAMPROW) * rows, &self->errors);
+    for (int row = 0; row < rows; row++) self->row_pointers[row] = self->region + (size_t)row * region_width * 4;
+    for (int row = 0; row < rows;)
+        row += (int)jpeg_read_scanlines(info, self->row_pointers + row, (JDIMENSION)(rows - row));
     jpeg_abort_decompress(info);   /* the rows below the crop are never decoded */
     seconds[2] = now() - entry_done;
     resize_into(self, job, i, self->region, (int)region_width, rows, x0 - first_col, y0 - row0,
@@ -623,7 +625,8 @@ static void *work(void *argument) {
     }
     jpeg_destroy_decompress(&self.info);
     restart_index_free(&self.restarts);
-    free(self.cut); free(self.bytes); free(self.region); free(self.rows); free(self.resized); free(self.rgb); free(self.row_scale); free(self.row_offset);
+    free(self.cut); free(self.bytes); free(self.region); free(self.row_pointers); free(self.rows); free(self.resized);
+    free(self.rgb); free(self.row_scale); free(self.row_offset);
     free(self.across.bounds); free(self.across.coefficients); free(self.across.lanes); free(self.down.bounds); free(self.down.coefficients);
     return NULL;
 }
