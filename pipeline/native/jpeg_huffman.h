@@ -1,12 +1,13 @@
 /* Huffman decoding of a JPEG whose every MCU is a restart segment of its own (jpeg_restarts.h),
- * in place of libjpeg's: the same coefficients, in about half the time.
+ * in place of libjpeg's: the same coefficients, without libjpeg's slow path.
  *
  * libjpeg-turbo decodes any stream with restart markers on its slow path (a bounds and marker
  * check at every refill of the bit buffer), since a marker may come at any byte. Here each
  * MCU's bytes are known from the restart index, so the reader refills 8 bytes at a time where
- * no 0xFF is among them, and decodes a small AC coefficient's code, run and value with one
- * table lookup (stb_image's "fast AC" table). The DC predictors start at 0 in each segment, so
- * an MCU needs nothing from the one before it.
+ * no 0xFF is among them, and one table lookup decodes a short code with its value bits: a DC
+ * difference, or an AC coefficient's run and value (stb_image's "fast AC" table), a block's end
+ * or a run of 16 zeros. The DC predictors start at 0 in each segment, so an MCU needs nothing
+ * from the one before it.
  *
  * Plugged in through libjpeg's own module hook: after jpeg_start_decompress, the decoder's
  * `decode_mcu` is replaced (`segments_take_over`), and libjpeg's coefficient controller, IDCT,
