@@ -5,13 +5,51 @@
  * upsampling or colour conversion), rows below it are never decoded (the decompressor is
  * aborted), and columns outside it are left out with jpeg_crop_scanline, which widens the
  * region to whole iMCUs and upsamples the chroma of its edge columns as at an image edge (so the
- * caller asks for a margin around the crop). jpeg_roi_transcode prepares a stored JPEG for the decode engine's
- * cut at the crop (jpeg_restarts.h). Built and loaded by pipeline/decode/jpeg_roi.py (ctypes); libjpeg's errors
- * and warnings make the call fail with a message (jpeg_errors.h).
+ * caller asks for a margin around the crop). A JPEG with a restart marker after every MCU (what
+ * jpeg_roi_transcode writes for the converter) is first cut down to the MCUs around the region
+ * (jpeg_restarts.h), two scaled pixels wider on each side so that its pixels are those of the
+ * whole image's decode, and those MCUs are Huffman-decoded by jpeg_huffman.h, as the decode
+ * engine does. Built and loaded by pipeline/decode/jpeg_roi.py (ctypes); libjpeg's errors and
+ * warnings make the call fail with a message (jpeg_errors.h).
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "jpeg_errors.h"
+#include "jpeg_huffman.h"
+#include "jpeg_restarts.h"
+
+/* What a thread keeps between calls: the restart index, the cut and the Huffman decoder, whose
+ * tables are reused while images share them. Freed when the thread ends. */
+typedef struct {
+    restart_index restarts;
+    segment_decoder segments;
+    unsigned char *cut;
+    size_t cut_size;
+} region_state;
+
+static pthread_key_t state_key;
+static pthread_once_t state_once = PTHREAD_ONCE_INIT;
+
+static void free_state(void *pointer) {
+    region_state *state = pointer;
+    restart_index_free(&state->restarts);
+    free(state->cut);
+    free(state);
+}
+
+static void make_state_key(void) { pthread_key_create(&state_key, free_state); }
+
+/* This thread's state, or NULL if there is no memory for it (the JPEG is then decoded whole). */
+static region_state *thread_state(void) {
+    pthread_once(&state_once, make_state_key);
+    region_state *state = pthread_getspecific(state_key);
+    if (!state && (state = calloc(1, sizeof *state)) && pthread_setspecific(state_key, state)) {
+        free(state);
+        state = NULL;
+    }
+    return state;
+}
 
 /* Called after the caller's setjmp: libjpeg's errors jump back into the caller's frame. */
 static void read_header(struct jpeg_decompress_struct *info, const unsigned char *data, unsigned long size) {
@@ -56,16 +94,57 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
     read_header(&info, data, size);
     if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK)
         refuse(&errors, "CMYK JPEG (not decoded here)");
-    info.out_color_space = JCS_EXT_RGBX;   /* Pillow's own layout: it can wrap the buffer, not copy it */
     info.scale_num = 1;
     info.scale_denom = (unsigned int)denominator;
-    jpeg_start_decompress(&info);
+    jpeg_calc_output_dimensions(&info);
     *scaled_width = (int)info.output_width;
     *scaled_height = (int)info.output_height;
     if (top < 0 || rows < 1 || left < 0 || cols < 1 || top + rows > (int)info.output_height ||
         left + cols > (int)info.output_width)
         refuse(&errors, "region outside the %dx%d scaled image", *scaled_width, *scaled_height);
-    JDIMENSION x = (JDIMENSION)left, width = (JDIMENSION)cols;
+    region_state *state = thread_state();
+    const restart_index *index = state ? &state->restarts : NULL;
+    int indexed = state && 8 % denominator == 0 && restart_index_build(&state->restarts, data, size);
+    int mcu_top = 0, mcu_left = 0, mcus_down = 0, mcus_across = 0;   /* the MCUs decoded */
+    int dy = 0, dx = 0;                                              /* their corner, in scaled pixels */
+    if (indexed) {
+        mcus_down = index->mcus_down;
+        mcus_across = index->mcus_across;
+        int mcu_rows = index->mcu_height / denominator, mcu_cols = index->mcu_width / denominator;
+        int bottom = (top + rows + 2 + mcu_rows - 1) / mcu_rows, right = (left + cols + 2 + mcu_cols - 1) / mcu_cols;
+        mcu_top = (top > 2 ? top - 2 : 0) / mcu_rows;
+        mcu_left = (left > 2 ? left - 2 : 0) / mcu_cols;
+        if (bottom > index->mcus_down) bottom = index->mcus_down;
+        if (right > index->mcus_across) right = index->mcus_across;
+        if ((bottom - mcu_top) * (right - mcu_left) < index->mcus_down * index->mcus_across) {
+            size_t cut_size = restart_region_size(index, mcu_top, bottom, mcu_left, right);
+            if (cut_size > state->cut_size) {
+                unsigned char *bigger = realloc(state->cut, cut_size);
+                if (!bigger) refuse(&errors, "out of memory (%zu bytes)", cut_size);
+                state->cut = bigger;
+                state->cut_size = cut_size;
+            }
+            restart_region_write(index, data, mcu_top, bottom, mcu_left, right, state->cut);
+            jpeg_abort_decompress(&info);
+            jpeg_mem_src(&info, state->cut, cut_size);
+            jpeg_read_header(&info, TRUE);
+            info.scale_num = 1;
+            info.scale_denom = (unsigned int)denominator;
+            mcus_down = bottom - mcu_top;
+            mcus_across = right - mcu_left;
+            dy = mcu_top * mcu_rows;
+            dx = mcu_left * mcu_cols;
+        }
+    }
+    info.out_color_space = JCS_EXT_RGBX;   /* Pillow's own layout: it can wrap the buffer, not copy it */
+    jpeg_start_decompress(&info);
+    if (indexed) {
+        state->segments.errors = &errors;
+        segments_take_over(&state->segments, &info, index, data, data + size, mcu_top, mcu_left, mcus_down,
+                           mcus_across);
+    }
+    top -= dy;
+    JDIMENSION x = (JDIMENSION)(left - dx), width = (JDIMENSION)cols;
     if (width < info.output_width) jpeg_crop_scanline(&info, &x, &width);
     if ((long)width * 4 * rows > capacity)
         refuse(&errors, "output buffer too small");
@@ -75,7 +154,7 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
         JSAMPROW pointer = out + (long)row * width * 4;
         row += (int)jpeg_read_scanlines(&info, &pointer, 1);
     }
-    *out_left = (int)x;
+    *out_left = (int)x + dx;
     *out_width = (int)width;
     jpeg_abort_decompress(&info);   /* the rows below the crop are never decoded */
     jpeg_destroy_decompress(&info);
