@@ -474,7 +474,8 @@ static void decode_all_mcus(worker *self, struct jpeg_decompress_struct *info, i
     for (int row = 0; row < rows; row++)
         for (int column = 0; column < (int)info->MCUs_per_row; column++) {
             memset(blocks, 0, sizeof(JBLOCK) * info->blocks_in_MCU);   /* as libjpeg's coefficient controller does */
-            if (segmented) segments_decode(&self->segments, info->blocks_in_MCU, info->MCU_membership, row, column, pointers);
+            if (segmented)
+                segments_decode(&self->segments, info->blocks_in_MCU, info->MCU_membership, row, column, pointers);
             else (*info->entropy->decode_mcu)(info, pointers);
         }
 }
@@ -517,7 +518,9 @@ static void make_sample(worker *self, batch_job *job, int i) {
     if (col0 < 0) col0 = 0;
     if (row1 > scaled_height) row1 = scaled_height;
     if (col1 > scaled_width) col1 = scaled_width;
-    int top = 0, bottom = indexed ? self->restarts.mcus_down : 0, left = 0, right = indexed ? self->restarts.mcus_across : 0;
+    /* the index's MCUs decoded: all of them, or those cut out below */
+    int top = 0, bottom = indexed ? self->restarts.mcus_down : 0;
+    int left = 0, right = indexed ? self->restarts.mcus_across : 0;
     if (indexed && (row1 - row0) * (col1 - col0) < scaled_height * scaled_width) {
         /* Only the MCUs under rows [row0, row1) and columns [col0, col1), cut out as a JPEG
          * of their own (coordinates move with its corner). Pixels at a cut edge differ from the
