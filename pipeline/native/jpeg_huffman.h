@@ -53,8 +53,8 @@ typedef struct {
     const restart_index *index;
     const unsigned char *jpeg, *readable;
     int top, left, mcus_across, mcus_down;     /* the rectangle of the index's MCUs being decoded */
-    int row, column;                           /* the MCU decode_mcu is called for next */
-    JDIMENSION seen_row;
+    JDIMENSION seen_row;                       /* the MCU decode_mcu is called for next: its row ... */
+    int column;                                /* ... and column */
     error_manager *errors;
 } segment_decoder;
 
@@ -105,7 +105,7 @@ static void huffman_build(huffman_table *table, const JHUFF_TBL *from, int is_ac
     table->built = 1;
 }
 
-/* At least 57 bits in the buffer: 8 bytes at a time where none is 0xFF (a stuffed byte), else
+/* At least 56 bits in the buffer: 8 bytes at a time where none is 0xFF (a stuffed byte), else
  * one by one, skipping the 0x00 after each 0xFF; zeros past the segment's end. */
 static inline void refill(bit_reader *r) {
     if (r->p + 8 <= r->readable) {
