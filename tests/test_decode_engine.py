@@ -260,6 +260,32 @@ def test_damaged_segments_are_reported_not_decoded(stored, tmp_path):
         assert out[2].std() > 0
 
 
+def test_random_damage_in_the_segments_is_survived(stored, tmp_path):
+    """Bytes of the entropy-coded segments changed at random (never into a marker, so that the
+    restart index still holds): each sample is made or reported, and nothing is read or written
+    out of bounds, which would end this process. Each sample's own pixels are those libjpeg
+    makes of the same bytes, where both decode it."""
+    _, jpegs = stored
+    rng = np.random.default_rng(11)
+    pieces = []
+    for data in jpegs[:40]:
+        sos = data.index(b"\xff\xda")
+        scan = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")      # the first entropy-coded byte
+        damaged = bytearray(data)
+        for at in rng.integers(scan, len(data) - 2, int(rng.integers(1, 4))):
+            if damaged[at] != 0xFF and damaged[at - 1] != 0xFF:            # no marker, no stuffed zero
+                damaged[at] = int(rng.integers(0, 255))                    # and never 0xFF written
+        pieces.append(bytes(damaged))
+    spec = LoaderSpec("webdataset", path="unused", split="train")
+    ours, decoded = decode_pieces(pieces, tmp_path / "fuzzed.bin", spec, 96)
+    theirs, libjpeg = decode_pieces(pieces, tmp_path / "fuzzed.bin", spec, 96, restarts=False)
+    assert list(decoded.labels) == [7] * len(pieces)
+    failed = {position for position, _ in decoded.failed} | {position for position, _ in libjpeg.failed}
+    assert len(failed) < len(pieces) / 2, (len(decoded.failed), len(libjpeg.failed))
+    for position in set(range(len(pieces))) - failed:
+        assert np.array_equal(ours[position], theirs[position]), position
+
+
 def test_restart_markers_are_lossless_and_one_per_mcu(stored):
     _, jpegs = stored
     for data in jpegs[:10]:
