@@ -12,8 +12,9 @@
  * Plugged in through libjpeg's own module hook: after jpeg_start_decompress, the decoder's
  * `decode_mcu` is replaced (`segments_take_over`), and libjpeg's coefficient controller, IDCT,
  * upsampling and colour conversion run as before on the coefficients it gets. Bad data (a code
- * no table has, an MCU that reads past its segment) leaves through the caller's error exit, as
- * libjpeg's warnings do (jpeg_errors.h). Header-only, as jpeg_restarts.h.
+ * no table has, an MCU that reads past its segment or leaves a byte of it unread) leaves through
+ * the caller's error exit, as libjpeg's warnings do (jpeg_errors.h). Header-only, as
+ * jpeg_restarts.h.
  */
 #ifndef JPEG_HUFFMAN_H
 #define JPEG_HUFFMAN_H
@@ -211,8 +212,11 @@ static void segments_decode(segment_decoder *d, int blocks_in_mcu, const int *me
     for (int b = 0; b < blocks_in_mcu; b++)
         if (!decode_block(&r, d->dc_of[b], d->ac_of[b], &dc[membership[b]], blocks[b][0]))
             refuse(d->errors, "Corrupt JPEG data: bad Huffman code");
-    if (r.p > r.end && (r.p - r.end) * 8 > r.count)
-        refuse(d->errors, "Corrupt JPEG data: premature end of data segment");
+    /* The segment's bits not read: fewer than 8 (its padding) in a sound one. The zeros read past
+     * its end count negative, and a byte left unread makes 8 or more, as it does for libjpeg. */
+    long left = 8L * (r.end - r.p) + r.count;
+    if (left < 0) refuse(d->errors, "Corrupt JPEG data: premature end of data segment");
+    if (left >= 8) refuse(d->errors, "Corrupt JPEG data: %ld extraneous bytes before marker", left / 8);
 }
 
 static boolean segments_decode_mcu(j_decompress_ptr info, JBLOCKROW *blocks) {
