@@ -519,8 +519,7 @@ static void make_sample(worker *self, batch_job *job, int i) {
     if (row1 > scaled_height) row1 = scaled_height;
     if (col1 > scaled_width) col1 = scaled_width;
     /* the index's MCUs decoded: all of them, or those cut out below */
-    int top = 0, bottom = indexed ? self->restarts.mcus_down : 0;
-    int left = 0, right = indexed ? self->restarts.mcus_across : 0;
+    mcu_rect mcus = {0, indexed ? self->restarts.mcus_down : 0, 0, indexed ? self->restarts.mcus_across : 0};
     if (indexed && (row1 - row0) * (col1 - col0) < scaled_height * scaled_width) {
         /* Only the MCUs under rows [row0, row1) and columns [col0, col1), cut out as a JPEG
          * of their own (coordinates move with its corner). Pixels at a cut edge differ from the
@@ -529,15 +528,11 @@ static void make_sample(worker *self, batch_job *job, int i) {
          * jpeg_crop_scanline's edges. */
         const restart_index *index = &self->restarts;
         int mcu_rows = index->mcu_height * m / 8, mcu_cols = index->mcu_width * m / 8;
-        top = row0 / mcu_rows; bottom = (row1 + mcu_rows - 1) / mcu_rows;
-        left = col0 / mcu_cols; right = (col1 + mcu_cols - 1) / mcu_cols;
-        if (bottom > index->mcus_down) bottom = index->mcus_down;
-        if (right > index->mcus_across) right = index->mcus_across;
-        size_t cut_size = restart_region_size(index, top, bottom, left, right);
-        self->cut = grow(self->cut, &self->cut_size, cut_size, &self->errors);
-        restart_region_write(index, jpeg, top, bottom, left, right, self->cut);
+        mcus = restart_cover(index, mcu_rows, mcu_cols, row0, row1, col0, col1);
+        size_t cut_size = restart_cut(index, jpeg, mcus, &self->cut, &self->cut_size);
+        if (!cut_size) refuse(&self->errors, "out of memory (the crop's MCUs)");
         read_header(self, self->cut, cut_size);
-        int dy = top * mcu_rows, dx = left * mcu_cols;
+        int dy = mcus.top * mcu_rows, dx = mcus.left * mcu_cols;
         y0 -= dy; y1 -= dy; row0 -= dy; row1 -= dy;
         x0 -= dx; x1 -= dx; col0 -= dx; col1 -= dx;
     } else if (indexed) {
@@ -555,8 +550,7 @@ static void make_sample(worker *self, batch_job *job, int i) {
     info->scale_num = (unsigned)m;
     info->scale_denom = 8;
     jpeg_start_decompress(info);
-    int segmented = indexed && segments_take_over(&self->segments, info, &self->restarts, jpeg, jpeg + jpeg_size, top,
-                                                  left, bottom - top, right - left);
+    int segmented = indexed && segments_take_over(&self->segments, info, &self->restarts, jpeg, jpeg + jpeg_size, mcus);
     if (job->entropy_only) {                   /* the MCUs cut, Huffman-decoded as the decode below would */
         decode_all_mcus(self, info, segmented);
         jpeg_abort_decompress(info);

@@ -229,13 +229,13 @@ static boolean segments_decode_mcu(j_decompress_ptr info, JBLOCKROW *blocks) {
     return TRUE;
 }
 
-/* After jpeg_start_decompress of the JPEG of the index's MCU rows [top, top + down) and columns
- * [left, left + across) (restart_region_write's, or the whole image): its MCUs are decoded from
+/* After jpeg_start_decompress of the JPEG of the index's MCUs `rect` (restart_cut's, or the
+ * whole image's): its MCUs are decoded from
  * `jpeg`'s segments by `d` from here on. 0 where libjpeg's layout is not one MCU row per iMCU row,
  * in one scan (it then decodes on its own). `readable`: how far 8-byte loads may reach. */
 static int segments_take_over(segment_decoder *d, j_decompress_ptr info, const restart_index *index,
-                              const unsigned char *jpeg, const unsigned char *readable, int top, int left,
-                              int down, int across) {
+                              const unsigned char *jpeg, const unsigned char *readable, mcu_rect rect) {
+    int down = rect.bottom - rect.top, across = rect.right - rect.left;
     if (info->progressive_mode || info->arith_code || info->restart_interval != 1 || info->comps_in_scan < 1 ||
         info->MCUs_per_row != (JDIMENSION)across || info->total_iMCU_rows != (JDIMENSION)down ||
         (info->comps_in_scan == 1 && info->cur_comp_info[0]->v_samp_factor != 1))
@@ -252,7 +252,7 @@ static int segments_take_over(segment_decoder *d, j_decompress_ptr info, const r
     d->index = index;
     d->jpeg = jpeg;
     d->readable = readable;
-    d->top = top; d->left = left; d->mcus_down = down; d->mcus_across = across;
+    d->top = rect.top; d->left = rect.left; d->mcus_down = down; d->mcus_across = across;
     d->seen_row = info->input_iMCU_row;
     d->column = 0;
     info->client_data = d;

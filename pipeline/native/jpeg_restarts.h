@@ -11,7 +11,7 @@
  * so a caller keeps the pixels it reads at least one pixel inside the cut.
  * A JPEG without a marker after every MCU (progressive, several scans, another interval, a
  * 4-component one) gets no index, and the caller decodes it whole as before.
- * Used by decode_engine.c; header-only, as jpeg_errors.h.
+ * Used by decode_engine.c and jpeg_roi.c; header-only, as jpeg_errors.h.
  */
 #ifndef JPEG_RESTARTS_H
 #define JPEG_RESTARTS_H
@@ -149,6 +149,37 @@ static void restart_region_write(const restart_index *index, const unsigned char
             to += length;
         }
     *to++ = 0xFF; *to++ = 0xD9;
+}
+
+/* MCU rows [top, bottom) and columns [left, right) of an index */
+typedef struct {
+    int top, bottom, left, right;
+} mcu_rect;
+
+/* The MCUs that cover pixel rows [row0, row1) and columns [col0, col1) of the image decoded at a
+ * scale where an MCU is mcu_rows x mcu_cols pixels. */
+static mcu_rect restart_cover(const restart_index *index, int mcu_rows, int mcu_cols, int row0, int row1, int col0,
+                              int col1) {
+    mcu_rect rect = {row0 / mcu_rows, (row1 + mcu_rows - 1) / mcu_rows,
+                     col0 / mcu_cols, (col1 + mcu_cols - 1) / mcu_cols};
+    if (rect.bottom > index->mcus_down) rect.bottom = index->mcus_down;
+    if (rect.right > index->mcus_across) rect.right = index->mcus_across;
+    return rect;
+}
+
+/* The JPEG of `rect`'s MCUs written into *buffer, grown to fit (*capacity bytes): its size, or 0
+ * where memory ran out. */
+static size_t restart_cut(const restart_index *index, const unsigned char *data, mcu_rect rect,
+                          unsigned char **buffer, size_t *capacity) {
+    size_t size = restart_region_size(index, rect.top, rect.bottom, rect.left, rect.right);
+    if (size > *capacity) {
+        unsigned char *bigger = realloc(*buffer, size);
+        if (!bigger) return 0;
+        *buffer = bigger;
+        *capacity = size;
+    }
+    restart_region_write(index, data, rect.top, rect.bottom, rect.left, rect.right, *buffer);
+    return size;
 }
 
 #endif

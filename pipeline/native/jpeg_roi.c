@@ -105,43 +105,30 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
     region_state *state = thread_state();
     const restart_index *index = state ? &state->restarts : NULL;
     int indexed = state && 8 % denominator == 0 && restart_index_build(&state->restarts, data, size);
-    int mcu_top = 0, mcu_left = 0, mcus_down = 0, mcus_across = 0;   /* the MCUs decoded */
+    mcu_rect mcus = {0, indexed ? index->mcus_down : 0, 0, indexed ? index->mcus_across : 0};   /* decoded */
     int dy = 0, dx = 0;                                              /* their corner, in scaled pixels */
     if (indexed) {
-        mcus_down = index->mcus_down;
-        mcus_across = index->mcus_across;
         int mcu_rows = index->mcu_height / denominator, mcu_cols = index->mcu_width / denominator;
-        int bottom = (top + rows + 2 + mcu_rows - 1) / mcu_rows, right = (left + cols + 2 + mcu_cols - 1) / mcu_cols;
-        mcu_top = (top > 2 ? top - 2 : 0) / mcu_rows;
-        mcu_left = (left > 2 ? left - 2 : 0) / mcu_cols;
-        if (bottom > index->mcus_down) bottom = index->mcus_down;
-        if (right > index->mcus_across) right = index->mcus_across;
-        if ((bottom - mcu_top) * (right - mcu_left) < index->mcus_down * index->mcus_across) {
-            size_t cut_size = restart_region_size(index, mcu_top, bottom, mcu_left, right);
-            if (cut_size > state->cut_size) {
-                unsigned char *bigger = realloc(state->cut, cut_size);
-                if (!bigger) refuse(&errors, "out of memory (%zu bytes)", cut_size);
-                state->cut = bigger;
-                state->cut_size = cut_size;
-            }
-            restart_region_write(index, data, mcu_top, bottom, mcu_left, right, state->cut);
+        mcu_rect around = restart_cover(index, mcu_rows, mcu_cols, top > 2 ? top - 2 : 0, top + rows + 2,
+                                        left > 2 ? left - 2 : 0, left + cols + 2);
+        if ((around.bottom - around.top) * (around.right - around.left) < index->mcus_down * index->mcus_across) {
+            mcus = around;
+            size_t cut_size = restart_cut(index, data, mcus, &state->cut, &state->cut_size);
+            if (!cut_size) refuse(&errors, "out of memory (the region's MCUs)");
             jpeg_abort_decompress(&info);
             jpeg_mem_src(&info, state->cut, cut_size);
             jpeg_read_header(&info, TRUE);
             info.scale_num = 1;
             info.scale_denom = (unsigned int)denominator;
-            mcus_down = bottom - mcu_top;
-            mcus_across = right - mcu_left;
-            dy = mcu_top * mcu_rows;
-            dx = mcu_left * mcu_cols;
+            dy = mcus.top * mcu_rows;
+            dx = mcus.left * mcu_cols;
         }
     }
     info.out_color_space = JCS_EXT_RGBX;   /* Pillow's own layout: it can wrap the buffer, not copy it */
     jpeg_start_decompress(&info);
     if (indexed) {
         state->segments.errors = &errors;
-        segments_take_over(&state->segments, &info, index, data, data + size, mcu_top, mcu_left, mcus_down,
-                           mcus_across);
+        segments_take_over(&state->segments, &info, index, data, data + size, mcus);
     }
     top -= dy;
     JDIMENSION x = (JDIMENSION)(left - dx), width = (JDIMENSION)cols;
