@@ -12,7 +12,9 @@ bounds: the references `benchmarks/loaders.py` measures our backends against.
 - `decode_floor`: what no decode of the loader's crops can go below: the decode engine entering
   each JPEG at its crop's MCUs (the restart markers) and Huffman-decoding them into
   coefficients, nothing more (no IDCT, colour conversion, resize or write), in as many threads
-  as the loader has. Per split and resolution (the DCT scale moves the margin a little).
+  as the loader has. Per split and resolution (the DCT scale moves the margin a little). Its
+  `decode` stage's CPU time is the engine's entropy decoding of the same crops
+  (`benchmarks/loaders.py`'s `split_decode_stage`).
 - `gpu_decode_bound`: DALI's nvJPEG (`decoders.image`, device "mixed") on the same bytes, no
   augmentation (CUDA only).
 Each takes the benchmark's config dict and returns an iterable of batches or a rate.
@@ -167,11 +169,14 @@ def decode_floor(path: str, split: str, side: int, threads: int, batch_size: int
     out = np.empty((batch_size, *decode_engine.out_shape(spec, side), 3), np.uint8)    # written to by no sample
     count = len(shards)
     try:
-        seconds = [engine_epoch(shards, spec, side, out, threads, epoch, entropy_only=True)[0]
-                   for epoch in range(rounds + 1)]
+        epochs = [engine_epoch(shards, spec, side, out, threads, epoch, entropy_only=True) for epoch in range(rounds + 1)]
     finally:
         shards.close()
-    return {"img_per_s": count / float(np.median(seconds[1:])), "images_per_epoch": count}
+    spent = sum(stages for _, stages in epochs[1:])
+    return {"img_per_s": count / float(np.median([seconds for seconds, _ in epochs[1:]])), "images_per_epoch": count,
+            "engine_us_per_image": {stage: 1e6 * spent[k] / (count * rounds) for k, stage in enumerate(decode_engine.STAGES)
+                                    if stage in ("read", "entry", "decode")}}
+
 
 
 def gpu_decode_bound(path: str, split: str, batch_size: int, rounds: int = 3) -> dict:

@@ -9,7 +9,8 @@ as benchmarks/loaders.py makes it) in batches of `--batch-size`, from the page c
 normalized batches (what a CPU model is fed) or `--uint8` (what a GPU is sent). Rounds alternate
 the two engines, so that a machine's drift falls on both; the figure is each one's median round.
 Also shown: the `entropy_only` floor (the same crops' MCUs Huffman-decoded, nothing more), and this
-tree's CPU microseconds per image in each stage (`pipeline.decode.engine.STAGES`).
+tree's CPU microseconds per image in each stage (`pipeline.decode.engine.STAGES`), the decode
+split into the floor's entropy decoding and the rest.
 With --save (or --results-dir DIR), one JSON line per resolution goes to this machine's file in
 benchmarks/results/.
 """
@@ -28,7 +29,7 @@ import numpy as np
 
 from benchmarks.bare_loaders import engine_epoch
 from benchmarks.hardware import add_results_options, append_results, cpu_words, results_folder, signature
-from benchmarks.loaders import convert
+from benchmarks.loaders import convert, split_decode_stage
 from pipeline import LoaderSpec
 from pipeline.datasets import read_converted
 from pipeline.decode import engine as decode_engine
@@ -75,7 +76,8 @@ def main() -> int:
         print(f"# {cpu_words(hardware)}; {args.threads} threads; {args.source.name} wds; {np.dtype(dtype).name} batches; "
               f"median of {args.rounds} alternating rounds")
         print(f"{'split':5} {'side':>4} {args.against[:10]:>10} {'this tree':>10} {'speed-up':>8} {'floor':>8}  "
-              "this tree's CPU µs per image: " + " / ".join(decode_engine.STAGES))
+              "this tree's CPU µs per image: " + " / ".join(decode_engine.STAGES) +
+              " (decode: entropy + IDCT, upsampling and colour)")
         runs = [("train", int(side)) for side in args.resolutions.split(",") if side] + \
                [("val", int(side)) for side in args.val_resolutions.split(",") if side]
         for split, side in runs:
@@ -84,25 +86,32 @@ def main() -> int:
             out = np.empty((args.batch_size, *decode_engine.out_shape(spec, side), 3), dtype)
             measure = lambda **kw: engine_epoch(shards, spec, side, out, args.threads, **kw)
             measure(library=other), measure(), measure(entropy_only=True)      # warm-up: page in code and data
-            theirs, ours, floor, stages = [], [], [], np.zeros(len(decode_engine.STAGES))
+            theirs, ours, floor = [], [], []
+            stages, floor_stages = np.zeros(len(decode_engine.STAGES)), np.zeros(len(decode_engine.STAGES))
             for _ in range(args.rounds):
                 theirs.append(measure(library=other)[0])
                 seconds, spent = measure()
                 ours.append(seconds)
                 stages += spent
-                floor.append(measure(entropy_only=True)[0])
+                seconds, spent = measure(entropy_only=True)
+                floor.append(seconds)
+                floor_stages += spent
             count = len(shards)
             rates = {name: count / statistics.median(values) for name, values in
                      (("against", theirs), ("this_tree", ours), ("floor", floor))}
             us = {stage: 1e6 * value / (count * args.rounds) for stage, value in zip(decode_engine.STAGES, stages)}
+            decode_split = split_decode_stage(us, {stage: 1e6 * value / (count * args.rounds)
+                                                   for stage, value in zip(decode_engine.STAGES, floor_stages)})
             shards.close()
             print(f"{split:5} {side:4d} {rates['against']:10.0f} {rates['this_tree']:10.0f} "
                   f"{rates['this_tree'] / rates['against']:7.2f}x {rates['floor']:8.0f}  "
-                  + " / ".join(f"{value:.0f}" for value in us.values()))
+                  + " / ".join(f"{value:.0f}" + (" ({:.0f} + {:.0f})".format(*decode_split.values()) if stage == "decode" else "")
+                               for stage, value in us.items()))
             rows.append({"benchmark": "engine_versions", "source": args.source.name, "split": split, "resolution": side,
                          "threads": args.threads, "dtype": np.dtype(dtype).name, "against": args.against,
                          "img_per_s": {key: round(value, 1) for key, value in rates.items()},
-                         "engine_us_per_image": {key: round(value, 1) for key, value in us.items()}})
+                         "engine_us_per_image": {key: round(value, 1) for key, value in us.items()},
+                         "decode_stage_us": {key: round(value, 1) for key, value in decode_split.items()}})
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     append_results(rows, hardware, results_folder(args))

@@ -29,7 +29,8 @@ a figure runs on all of this machine's CPUs, and records their count.
 their MCUs Huffman-decoded, nothing more (benchmarks/bare_loaders.py); the webdataset rows
 state their share of it, and the engine's CPU microseconds per image in each of its stages
 (`pipeline.decode.engine.STAGES`: the read, the entry at the crop, the decode, the resize across
-and down, the write).
+and down, the write), the decode split in two where the floor ran beside it: the entropy decoding
+(the floor's own) and the rest (IDCT, upsampling, colour conversion).
 
 Each figure runs in a fresh process (no backend pays for another's threads or memory): one
 warm-up epoch (worker start-up, FFCV's compilation), then `--epochs` timed epochs; the
@@ -192,6 +193,14 @@ def measure(config: dict) -> dict:
         figures["engine_us_per_image"] = {stage: 1e6 * (seconds - stages_after_warmup[0][stage]) / samples
                                           for stage, seconds in loader.engine_seconds.items()}
     return figures
+
+
+def split_decode_stage(engine_us: dict, floor_us: dict) -> dict:
+    """The engine's `decode` stage in two: the Huffman decoding of the crop's MCUs (with libjpeg's
+    start), which is the floor's own `decode` stage over the same crops, and the rest, libjpeg's
+    IDCT, upsampling and colour conversion."""
+    entropy = floor_us["decode"]
+    return {"entropy": entropy, "idct_upsampling_colour": engine_us["decode"] - entropy}
 
 
 def first_epoch_rate(figures: dict) -> float:
@@ -361,9 +370,13 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                     elif not remote and "warmup_seconds" in figures:     # a loader, not a bound
                         local_figures[(name, split, resolution, workers)] = figures["img_per_s"], first_epoch_rate(figures)
                     if name in FLOORS:
-                        floor[(split, resolution, workers, cores)] = figures["img_per_s"]
+                        floor[(split, resolution, workers, cores)] = figures
                     elif name == "webdataset" and (split, resolution, workers, cores) in floor:
-                        figures["share_of_decode_floor"] = figures["img_per_s"] / floor[(split, resolution, workers, cores)]
+                        floor_figures = floor[(split, resolution, workers, cores)]
+                        figures["share_of_decode_floor"] = figures["img_per_s"] / floor_figures["img_per_s"]
+                        if "engine_us_per_image" in figures and "engine_us_per_image" in floor_figures:
+                            figures["decode_stage_us"] = split_decode_stage(
+                                figures["engine_us_per_image"], floor_figures["engine_us_per_image"])
                     form = form_of(name)
                     # A bound measures neither a loader's CPU share nor its memory: a dash, not a 0
                     cpu, memory = (None, None) if name in REFERENCES else (figures.get("cpu_util"), figures.get("peak_rss_mb"))
@@ -373,9 +386,13 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                           f"{'-' if memory is None else format(memory, '.0f'):>6}", flush=True)
                     if remote:
                         print(" " * 18 + remote_line(figures))
-                    if "engine_us_per_image" in figures:
+                    if "engine_us_per_image" in figures and name not in FLOORS:
+                        split_line = figures.get("decode_stage_us")
                         print(" " * 18 + "engine, CPU us per image: " + ", ".join(
-                            f"{stage} {us:.0f}" for stage, us in figures["engine_us_per_image"].items()) +
+                            f"{stage} {us:.0f}" + (f" (entropy {split_line['entropy']:.0f}, IDCT + upsampling + colour "
+                                                   f"{split_line['idct_upsampling_colour']:.0f})"
+                                                   if stage == "decode" and split_line else "")
+                            for stage, us in figures["engine_us_per_image"].items()) +
                             (f"; {figures['share_of_decode_floor']:.2f}x the decode floor's img/s"
                              if "share_of_decode_floor" in figures else ""))
                     # Written at once, so that an interrupted long run keeps what it measured.

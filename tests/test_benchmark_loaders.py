@@ -43,6 +43,11 @@ def test_loaders_benchmark_rows(sample_sets, tmp_path):
     floor = rows["decode_floor"]        # every sample's crop entropy-decoded, per resolution
     assert floor["images_per_epoch"] == 92 and floor["resolution"] == 64 and floor["img_per_s"] > 0
     assert rows["webdataset"]["share_of_decode_floor"] == pytest.approx(rows["webdataset"]["img_per_s"] / floor["img_per_s"])
+    # the decode stage split: the floor's entropy decoding of the same crops, and the rest of it
+    entropy, rest = rows["webdataset"]["decode_stage_us"]["entropy"], rows["webdataset"]["decode_stage_us"]["idct_upsampling_colour"]
+    assert entropy == pytest.approx(floor["engine_us_per_image"]["decode"]) and entropy > 0
+    assert entropy + rest == pytest.approx(stages["decode"])
+    assert f"decode {stages['decode']:.0f} (entropy {entropy:.0f}, IDCT + upsampling + colour {rest:.0f})" in result.stdout
     bound_row = rows["decode_bound"]
     assert bound_row["images_per_epoch"] == 92 and set(bound_row["by_decoder"]) == {
         f"{decoder}, {form}" for decoder in ("simplejpeg", "jpeg_roi") for form in ("stored", "no markers")}
