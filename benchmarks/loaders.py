@@ -34,7 +34,9 @@ and down, the write), the decode split in two where the floor ran beside it: the
 
 Each figure runs in a fresh process (no backend pays for another's threads or memory): one
 warm-up epoch (worker start-up, FFCV's compilation), then `--epochs` timed epochs; the
-figure is the median epoch's img/s. Also recorded: the whole machine's CPU utilisation
+figure is the median epoch's img/s. With `--rounds N`, the backends of a split and resolution
+are measured N times over, in turn, and each keeps its median round (every round's img/s is
+recorded): a machine's drift over minutes then falls on a backend and its bound alike. Also recorded: the whole machine's CPU utilisation
 during the timed epochs (/proc/stat: run it on a quiet machine) and the peak summed PSS of
 the process and its workers. With --save (or --results-dir DIR), one JSON line per figure goes to
 this machine's file in benchmarks/results/ (or DIR; benchmarks/hardware.py).
@@ -251,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(instead of --workers): how each loader scales with cores")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs after the warm-up one")
+    parser.add_argument("--rounds", type=int, default=1, help="each backend measured this many times, alternating "
+                        "with the others of its split and resolution; the median round is kept")
     parser.add_argument("--instance-type", help="e.g. p4d.24xlarge, recorded with the hardware")
     parser.add_argument("--device", default="cpu", help="where the loaders deliver batches: cpu or cuda")
     parser.add_argument("--hw-decoder-loads", default=None,
@@ -304,10 +308,53 @@ def main() -> int:
         return run_all(args, backends, forms, hw_loads, source)
 
 
+def _options(name: str, hw_load: float | None) -> dict:
+    return {**SPEC_OPTIONS.get(name, {}), **({} if hw_load is None else {"hw_decoder_load": hw_load})}
+
+
+def _config(args, variant: tuple, split: str, resolution: int, cores: int, workers: int, forms: dict, source,
+            all_cpus: int) -> dict:
+    """What `measure` is given for one variant (backend, hardware-decoder share, from a URL or not)."""
+    name, hw_load, remote = variant
+    kind, form = name if name in REFERENCES else CONFIGURATIONS[name][0], form_of(name)
+    config = {"kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
+              "options": _options(name, hw_load), "resolution": resolution, "workers": workers,
+              "batch_size": args.batch_size, "epochs": args.epochs, "device": args.device,
+              "cores": cores if cores < all_cpus else None,
+              "synthetic_size": 2300 if split == "train" else 575}
+    if remote:      # a cache of half the split, where every epoch streams, or one that keeps it
+        stored = split_bytes(forms[form][0], split)
+        config.update(path=source.url_for(forms[form][0]),
+                      remote={"environment": source.environment, "server_cpu_ids": source.cpu_ids(),
+                              "cache_limit": stored // 2 if args.remote_cache == "streamed" else 2 * stored})
+        if args.fetch_size:
+            config["options"] = {**config["options"], "fetch_size": args.fetch_size}
+    return config
+
+
+def _measure_variant(config: dict) -> dict | str:
+    """`measure(config)` in a fresh process: its figures, or the last line of its error."""
+    run = subprocess.run([sys.executable, "-m", "benchmarks.loaders", "--one", json.dumps(config)],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        return (run.stderr.strip().splitlines() or ["?"])[-1]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def median_round(runs: list[dict]) -> dict:
+    """Of one variant's rounds, the figures of the round with the median img/s (the lower of the
+    middle two), with every round's img/s beside them where there were several."""
+    figures = dict(sorted(runs, key=lambda run: run["img_per_s"])[(len(runs) - 1) // 2])
+    if len(runs) > 1:
+        figures["img_per_s_rounds"] = [run["img_per_s"] for run in runs]
+    return figures
+
+
 def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> int:
     hardware = signature(args.instance_type)
     print(f"# {cpu_words(hardware)}, {hardware['cpu_cores']} cores, {hardware['gpu_count']} GPUs; batch "
-          f"{args.batch_size}; median of {args.epochs} epochs after a warm-up")
+          f"{args.batch_size}; median of {args.epochs} epochs after a warm-up" +
+          (f"; the median of {args.rounds} alternating rounds" if args.rounds > 1 else ""))
     print(f"{'backend':<16} {'split':<5} {'res':>4} {'workers':>7} {'img/s':>7} {'x bound':>7} {'cpu':>5} {'MiB':>6}")
     all_cpus = len(cpus_by_core())
     # (vCPUs pinned to, workers): matched when scaling with cores, else the whole machine
@@ -330,33 +377,29 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
         resolutions = args.resolutions if split == "train" else args.val_resolutions
         for resolution in map(int, resolutions.split(",")):
             for cores, workers in placements:
-                for name, hw_load, remote in variants:
+                # Every round measures each variant once, in order, so that the machine's drift falls on all alike
+                rounds, failed = {variant: [] for variant in variants}, {}
+                for _ in range(args.rounds):
+                    for variant in variants:
+                        if (variant[0] in BOUNDS and (split, variant[0], cores) in bound) or variant in failed:
+                            continue        # a bound is resolution-independent: once per split and cores
+                        result = _measure_variant(_config(args, variant, split, resolution, cores, workers, forms,
+                                                          source, all_cpus))
+                        if isinstance(result, str):
+                            failed[variant] = result
+                        else:
+                            rounds[variant].append(result)
+                for variant in variants:
+                    name, hw_load, remote = variant
                     label = (name if hw_load is None else f"{name}@hw{hw_load:g}") + ("@remote" if remote else "")
-                    options = {**SPEC_OPTIONS.get(name, {}), **({} if hw_load is None else {"hw_decoder_load": hw_load})}
+                    options = _options(name, hw_load)
+                    if variant in failed:
+                        print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} failed: {failed[variant]}", flush=True)
+                        continue
                     if name in BOUNDS and (split, name, cores) in bound:
-                        figures = bound[(split, name, cores)]    # resolution-independent: once per split and cores
+                        figures = bound[(split, name, cores)]
                     else:
-                        kind, form = name if name in REFERENCES else CONFIGURATIONS[name][0], form_of(name)
-                        config = {"kind": kind, "path": str(forms[form][0]) if form else None, "split": split,
-                                  "options": options, "resolution": resolution, "workers": workers,
-                                  "batch_size": args.batch_size, "epochs": args.epochs, "device": args.device,
-                                  "cores": cores if cores < all_cpus else None,
-                                  "synthetic_size": 2300 if split == "train" else 575}
-                        if remote:      # a cache of half the split, where every epoch streams, or one that keeps it
-                            stored = split_bytes(forms[form][0], split)
-                            config.update(path=source.url_for(forms[form][0]),
-                                          remote={"environment": source.environment, "server_cpu_ids": source.cpu_ids(),
-                                                  "cache_limit": stored // 2 if args.remote_cache == "streamed"
-                                                  else 2 * stored})
-                            if args.fetch_size:
-                                config["options"] = {**config["options"], "fetch_size": args.fetch_size}
-                        run = subprocess.run([sys.executable, "-m", "benchmarks.loaders", "--one", json.dumps(config)],
-                                             capture_output=True, text=True)
-                        if run.returncode != 0:
-                            print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} failed: "
-                                  f"{(run.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)
-                            continue
-                        figures = json.loads(run.stdout.strip().splitlines()[-1])
+                        figures = median_round(rounds[variant])
                         if name in BOUNDS:
                             bound[(split, name, cores)] = figures
                     reference = bound.get((split, "decode_bound", cores), {}).get("img_per_s")

@@ -158,3 +158,26 @@ def test_loader_start_benchmark_sets_this_tree_against_a_revision(tmp_path):
     for row in rows.values():
         assert row["benchmark"] == "loader_start" and row["against"] == "HEAD" and row["samples"] == 3000
         assert row["seconds"] > 0 and row["seconds_against"] > 0 and HARDWARE_KEYS <= set(row["hardware"])
+
+
+def test_rounds_alternate_and_keep_the_median_round(sample_sets, tmp_path):
+    """--rounds 3: each backend measured three times in turn, the median round's figures kept with
+    every round's img/s beside them."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loaders.py"), "--source",
+                             str(sample_sets / "photos"), "--cache", str(tmp_path / "cache"), "--results-dir",
+                             str(tmp_path / "results"), "--backends", "decode_floor", "--splits", "train",
+                             "--resolutions", "32", "--workers", "1", "--epochs", "1", "--batch-size", "16",
+                             "--rounds", "3"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the median of 3 alternating rounds" in result.stdout
+    [row] = map(json.loads, next((tmp_path / "results").glob("*.jsonl")).read_text().splitlines())
+    assert len(row["img_per_s_rounds"]) == 3 and all(rate > 0 for rate in row["img_per_s_rounds"])
+    assert row["img_per_s"] == sorted(row["img_per_s_rounds"])[1]
+
+
+def test_median_round_is_the_lower_middle_one():
+    from benchmarks.loaders import median_round
+    runs = [{"img_per_s": rate, "round": k} for k, rate in enumerate([30.0, 10.0, 40.0, 20.0])]
+    kept = median_round(runs)
+    assert kept["round"] == 3 and kept["img_per_s_rounds"] == [30.0, 10.0, 40.0, 20.0]
+    assert "img_per_s_rounds" not in median_round(runs[:1]) and median_round(runs[:1])["round"] == 0
