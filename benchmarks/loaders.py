@@ -34,9 +34,10 @@ and down, the write), the decode split in two where the floor ran beside it: the
 
 Each figure runs in a fresh process (no backend pays for another's threads or memory): one
 warm-up epoch (worker start-up, FFCV's compilation), then `--epochs` timed epochs; the
-figure is the median epoch's img/s. With `--rounds N`, the backends of a split and resolution
-are measured N times over, in turn, and each keeps its median round (every round's img/s is
-recorded): a machine's drift over minutes then falls on a backend and its bound alike. Also recorded: the whole machine's CPU utilisation
+figure is the median epoch's img/s. With `--rounds N`, the backends of a split and resolution,
+the decode bound among them (then measured at each resolution, not once per split), are measured
+N times over, in turn, and each keeps its median round (every round's img/s is recorded): a
+machine's drift over minutes then falls on a backend and its bound alike. Also recorded: the whole machine's CPU utilisation
 during the timed epochs (/proc/stat: run it on a quiet machine) and the peak summed PSS of
 the process and its workers. With --save (or --results-dir DIR), one JSON line per figure goes to
 this machine's file in benchmarks/results/ (or DIR; benchmarks/hardware.py).
@@ -377,12 +378,15 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
         resolutions = args.resolutions if split == "train" else args.val_resolutions
         for resolution in map(int, resolutions.split(",")):
             for cores, workers in placements:
-                # Every round measures each variant once, in order, so that the machine's drift falls on all alike
+                # Every round measures each variant once, in order, so that the machine's drift falls on all alike.
+                # A bound is resolution-independent: once per split and cores, unless rounds ask for it beside
+                # each resolution's loaders.
+                bound_at = (split, cores, resolution) if args.rounds > 1 else (split, cores)
                 rounds, failed = {variant: [] for variant in variants}, {}
                 for _ in range(args.rounds):
                     for variant in variants:
-                        if (variant[0] in BOUNDS and (split, variant[0], cores) in bound) or variant in failed:
-                            continue        # a bound is resolution-independent: once per split and cores
+                        if (variant[0] in BOUNDS and (variant[0], bound_at) in bound) or variant in failed:
+                            continue
                         result = _measure_variant(_config(args, variant, split, resolution, cores, workers, forms,
                                                           source, all_cpus))
                         if isinstance(result, str):
@@ -396,13 +400,13 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                     if variant in failed:
                         print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} failed: {failed[variant]}", flush=True)
                         continue
-                    if name in BOUNDS and (split, name, cores) in bound:
-                        figures = bound[(split, name, cores)]
+                    if name in BOUNDS and (name, bound_at) in bound:
+                        figures = bound[(name, bound_at)]
                     else:
                         figures = median_round(rounds[variant])
                         if name in BOUNDS:
-                            bound[(split, name, cores)] = figures
-                    reference = bound.get((split, "decode_bound", cores), {}).get("img_per_s")
+                            bound[(name, bound_at)] = figures
+                    reference = bound.get(("decode_bound", bound_at), {}).get("img_per_s")
                     share = figures["img_per_s"] / reference if reference else None
                     if remote and (name, split, resolution, workers) in local_figures:
                         local_rate, local_first = local_figures[(name, split, resolution, workers)]
