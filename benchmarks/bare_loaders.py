@@ -178,7 +178,6 @@ def decode_floor(path: str, split: str, side: int, threads: int, batch_size: int
                                     if stage in ("read", "entry", "decode")}}
 
 
-
 def gpu_decode_bound(path: str, split: str, batch_size: int, rounds: int = 3) -> dict:
     """nvJPEG (DALI `mixed`) full-size decode img/s of the stored JPEGs, fed from memory."""
     import torch

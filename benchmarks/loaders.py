@@ -37,10 +37,10 @@ warm-up epoch (worker start-up, FFCV's compilation), then `--epochs` timed epoch
 figure is the median epoch's img/s. With `--rounds N`, the backends of a split and resolution,
 the decode bound among them (then measured at each resolution, not once per split), are measured
 N times over, in turn, and each keeps its median round (every round's img/s is recorded): a
-machine's drift over minutes then falls on a backend and its bound alike. Also recorded: the whole machine's CPU utilisation
-during the timed epochs (/proc/stat: run it on a quiet machine) and the peak summed PSS of
-the process and its workers. With --save (or --results-dir DIR), one JSON line per figure goes to
-this machine's file in benchmarks/results/ (or DIR; benchmarks/hardware.py).
+machine's drift over minutes then falls on a backend and its bound alike. Also recorded: the
+whole machine's CPU utilisation during the timed epochs (/proc/stat: run it on a quiet machine)
+and the peak summed PSS of the process and its workers. With --save (or --results-dir DIR), one
+JSON line per figure goes to this machine's file in benchmarks/results/ (or DIR; benchmarks/hardware.py).
 
 `--device cuda`: every loader delivers its batches on the GPU (DALI decodes there with
 `mixed`; the CPU backends copy from pinned memory), and an epoch's clock stops only once the
@@ -398,7 +398,8 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                     label = (name if hw_load is None else f"{name}@hw{hw_load:g}") + ("@remote" if remote else "")
                     options = _options(name, hw_load)
                     if variant in failed:
-                        print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} failed: {failed[variant]}", flush=True)
+                        print(f"{label:<16} {split:<5} {resolution:>4} {workers:>7} failed: {failed[variant]}",
+                              flush=True)
                         continue
                     if name in BOUNDS and (name, bound_at) in bound:
                         figures = bound[(name, bound_at)]
@@ -442,7 +443,7 @@ def run_all(args, backends: list[str], forms: dict, hw_loads: list, source) -> i
                             for stage, us in figures["engine_us_per_image"].items()) +
                             (f"; {figures['share_of_decode_floor']:.2f}x the decode floor's img/s"
                              if "share_of_decode_floor" in figures else ""))
-                    # Written at once, so that an interrupted long run keeps what it measured.
+                    # Written as each split and resolution ends, so that an interrupted long run keeps what it measured.
                     path = append_results([{
                         "benchmark": "loaders", "backend": name + ("@remote" if remote else ""), "split": split, "resolution": resolution,
                         "workers": workers if name != "decode_bound" else cores, "cores": cores,
