@@ -32,8 +32,8 @@ state their share of it, and the engine's CPU microseconds per image in each of 
 and down, the write), the decode split in two where the floor ran beside it: the entropy decoding
 (the floor's own) and the rest (IDCT, upsampling, colour conversion).
 
-Each figure runs in a fresh process (no backend pays for another's threads or memory): one
-warm-up epoch (worker start-up, FFCV's compilation), then `--epochs` timed epochs; the
+Each figure runs in a fresh process (`benchmarks/loader_run.py`; no backend pays for another's
+threads or memory): one warm-up epoch (worker start-up, FFCV's compilation), then `--epochs` timed epochs; the
 figure is the median epoch's img/s. With `--rounds N`, the backends of a split and resolution,
 the decode bound among them (then measured at each resolution, not once per split), are measured
 N times over, in turn, and each keeps its median round (every round's img/s is recorded): a
@@ -66,19 +66,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.hardware import (add_results_options, append_results, cpu_words, cpus_by_core, pin_to_cpus, results_folder,
+from benchmarks.hardware import (add_results_options, append_results, cpu_words, cpus_by_core, results_folder,
                                  signature)
-from benchmarks.memory import PeakMemory
-from benchmarks.remote_figures import FetchCounters, remote_line, split_bytes
+from benchmarks.loader_run import BOUNDS, FLOORS, first_epoch_rate
+from benchmarks.remote_figures import remote_line, split_bytes
 from benchmarks.remote_sources import RemoteSource
 from pipeline.datasets import REMOTE_BACKENDS
 
@@ -97,8 +92,6 @@ CONFIGURATIONS = {
 # name -> LoaderSpec options it sets beyond the benchmark's own
 SPEC_OPTIONS = {"webdataset-pillow": {"native_decode": False},   # the webdataset backend's Pillow path
                 "webdataset-unverified": {"verify": False}, "dali-wds-unverified": {"verify": False}}   # what checks cost
-BOUNDS = ("decode_bound", "gpu_decode_bound")     # once per split
-FLOORS = ("decode_floor",)                        # per split, resolution and worker count
 REFERENCES = (*BOUNDS, *FLOORS)                   # no loader: they read the wds form and measure no CPU or memory
 # form -> (converter, its options, how `dataset` describes it)
 CONVERSIONS = {
@@ -114,101 +107,12 @@ CONVERSIONS = {
                         "ffcv proportion 0.5 q90, max side 256 (FFCV's recommended storage)")}
 
 
-def busy_jiffies() -> tuple[int, int]:
-    """(busy, total) CPU time of the whole machine so far, in jiffies."""
-    with open("/proc/stat", encoding="utf-8") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + values[4]
-    return sum(values) - idle, sum(values)
-
-
-def build(config: dict):
-    kind = config["kind"]
-    if kind.endswith("-bare"):
-        from benchmarks.bare_loaders import BARE
-        return BARE[kind](config)
-    from pipeline import LoaderSpec, build_loader
-    return build_loader(LoaderSpec(kind, path=config["path"], split=config["split"],
-                                   batch_size=config["batch_size"], resolution=config["resolution"],
-                                   val_resolution=config["resolution"], num_workers=config["workers"],
-                                   synthetic_size=config["synthetic_size"], device=config.get("device", "cpu"),
-                                   **config["options"]))
-
-
-def measure(config: dict) -> dict:
-    """Runs in its own process: warm-up epoch, then timed epochs of one loader, or a bound."""
-    if config.get("cores"):
-        pin_to_cpus(config["cores"])            # before torch, DALI or a worker starts a thread
-    import torch
-    torch.set_num_threads(config["workers"])
-    if config["kind"] in FLOORS:
-        from benchmarks import bare_loaders
-        return bare_loaders.decode_floor(config["path"], config["split"], config["resolution"], config["workers"],
-                                         config["batch_size"], config["epochs"])
-    if config["kind"] in BOUNDS:
-        from benchmarks import bare_loaders
-        if config["kind"] == "decode_bound":
-            return bare_loaders.decode_bound(config["path"], config["split"])
-        return bare_loaders.gpu_decode_bound(config["path"], config["split"], config["batch_size"])
-    remote = config.get("remote")
-    if remote:
-        os.environ.update(remote["environment"])
-        config["options"] = {**config["options"], "cache_dir": tempfile.mkdtemp(prefix="bench-cache-"),
-                             "cache_limit": remote["cache_limit"]}
-    memory = PeakMemory()
-    memory.start()
-    built = time.perf_counter()
-    loader = build(config)
-    seconds, busy, total, stages_after_warmup, first_batch = [], 0, 0, None, None
-    counters = FetchCounters(loader, remote["server_cpu_ids"]) if remote else None
-    for epoch in range(config["epochs"] + 1):
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        if counters:
-            counters.epoch_started()
-        busy0, total0 = busy_jiffies()
-        started = time.perf_counter()
-        images = 0
-        for batch in loader:
-            if first_batch is None:
-                first_batch = time.perf_counter() - built
-            images += len(batch[0]["labels"] if isinstance(batch, list) else batch[1])
-        if config.get("device", "cpu").startswith("cuda"):
-            torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - started)
-        if epoch == 0 and hasattr(loader, "engine_seconds"):
-            stages_after_warmup = dict(loader.engine_seconds), loader.engine_samples
-        if epoch:
-            busy1, total1 = busy_jiffies()
-            busy, total = busy + busy1 - busy0, total + total1 - total0
-        if counters:
-            counters.epoch_ended()
-    memory.running = False
-    figures = {"img_per_s": images / statistics.median(seconds[1:]), "images_per_epoch": images,
-               "epoch_seconds": seconds[1:], "warmup_seconds": seconds[0], "cpu_util": busy / total if total else None,
-               "peak_rss_mb": memory.peak_mb, "first_batch_seconds": first_batch}
-    if counters:
-        figures.update(counters.figures(config["epochs"], config["options"]["cache_limit"]))
-        shutil.rmtree(config["options"]["cache_dir"], ignore_errors=True)
-    if stages_after_warmup and loader.engine_samples > stages_after_warmup[1]:
-        # CPU microseconds per image in each stage of the decode engine, over the timed epochs
-        samples = loader.engine_samples - stages_after_warmup[1]
-        figures["engine_us_per_image"] = {stage: 1e6 * (seconds - stages_after_warmup[0][stage]) / samples
-                                          for stage, seconds in loader.engine_seconds.items()}
-    return figures
-
-
 def split_decode_stage(engine_us: dict, floor_us: dict) -> dict:
     """The engine's `decode` stage in two: the Huffman decoding of the crop's MCUs (with libjpeg's
     start), which is the floor's own `decode` stage over the same crops, and the rest, libjpeg's
     IDCT, upsampling and colour conversion."""
     entropy = floor_us["decode"]
     return {"entropy": entropy, "idct_upsampling_colour": engine_us["decode"] - entropy}
-
-
-def first_epoch_rate(figures: dict) -> float:
-    """img/s of the warm-up epoch: from the loader built to its last batch."""
-    return figures["images_per_epoch"] / figures["warmup_seconds"]
 
 
 def convert(form: str, source: Path, cache: Path) -> Path:
@@ -276,16 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --remote: a cache limit of half the split, so that every epoch streams through "
                         "memory, or of twice the split, so that the first epoch fills the cache on disk")
     add_results_options(parser)
-    parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: measure one configuration
     return parser
 
 
 def main() -> int:
     parser = build_parser()
     args = parser.parse_args()
-    if args.one:
-        print(json.dumps(measure(json.loads(args.one))))
-        return 0
     backends = list(args.backends)
     import torch
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -334,8 +234,9 @@ def _config(args, variant: tuple, split: str, resolution: int, cores: int, worke
 
 
 def _measure_variant(config: dict) -> dict | str:
-    """`measure(config)` in a fresh process: its figures, or the last line of its error."""
-    run = subprocess.run([sys.executable, "-m", "benchmarks.loaders", "--one", json.dumps(config)],
+    """`benchmarks/loader_run.py`'s measure(config) in a fresh process: its figures, or the last
+    line of its error."""
+    run = subprocess.run([sys.executable, "-m", "benchmarks.loader_run", json.dumps(config)],
                          capture_output=True, text=True)
     if run.returncode != 0:
         return (run.stderr.strip().splitlines() or ["?"])[-1]
