@@ -228,38 +228,65 @@ static void lane_weights(axis_weights *axis, int side, error_manager *errors) {
 #endif
 }
 
+#ifdef __AVX2__
+/* Outputs p's and q's RGBX sums (one per 128-bit lane, shifted down) over `taps` pixels from
+ * each: four pixels a load, whose bytes r0 g0 b0 x0 .. r3 g3 b3 x3 become the 16-bit pairs
+ * (r0 r1) (g0 g1) (b0 b1) (x0 x1), then (r2 r3) .., each weighed with its (c_k c_k+1) by one
+ * multiply-add. Inlined with `taps` a constant, so that the loop over taps unrolls. */
+static inline __attribute__((always_inline)) __m256i two_outputs(const unsigned char *p, const unsigned char *q,
+                                                                  const __m256i *weights, int taps) {
+    const __m256i pairs_low = _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1,
+                                               0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
+    const __m256i pairs_high = _mm256_setr_epi8(8, -1, 12, -1, 9, -1, 13, -1, 10, -1, 14, -1, 11, -1, 15, -1,
+                                                8, -1, 12, -1, 9, -1, 13, -1, 10, -1, 14, -1, 11, -1, 15, -1);
+    __m256i sum = _mm256_set1_epi32(1 << (COEFFICIENT_BITS - 1));
+    int k = 0;
+    for (; k + 4 <= taps; k += 4) {
+        __m256i pixels = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + 4 * k))),
+                                                 _mm_loadu_si128((const __m128i *)(q + 4 * k)), 1);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, pairs_low), _mm256_loadu_si256(weights + k / 2)));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, pairs_high),
+                                                      _mm256_loadu_si256(weights + k / 2 + 1)));
+    }
+    if (k < taps) {                                /* the last two taps */
+        __m256i pixels = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p + 4 * k))),
+                                                 _mm_loadl_epi64((const __m128i *)(q + 4 * k)), 1);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, pairs_low), _mm256_loadu_si256(weights + k / 2)));
+    }
+    return _mm256_srai_epi32(sum, COEFFICIENT_BITS);
+}
+
+/* Outputs x .. x+3 of a row a step, while four remain; returns the first output not made. */
+static inline __attribute__((always_inline)) int resize_row_simd(const unsigned char *in, unsigned char *out,
+                                                                  const axis_weights *axis, int side, int taps) {
+    const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i *weights = (const __m256i *)axis->lanes;
+    const int *bounds = axis->bounds;
+    int x = 0;
+    for (; x + 4 <= side; x += 4, weights += taps) {
+        __m256i first = two_outputs(in + (size_t)bounds[x] * 4, in + (size_t)bounds[x + 1] * 4, weights, taps);
+        __m256i second = two_outputs(in + (size_t)bounds[x + 2] * 4, in + (size_t)bounds[x + 3] * 4, weights + taps / 2, taps);
+        /* lanes: (x, x+2) then (x+1, x+3), each pixel's 4 bytes repeated; gathered into x .. x+3 */
+        __m256i words = _mm256_packs_epi32(first, second);
+        __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), in_order);
+        _mm_storeu_si128((__m128i *)(out + 4 * x), _mm256_castsi256_si128(bytes));
+    }
+    return x;
+}
+#endif
+
 /* One RGBX row resized across: out[x] from in[bounds[x] ...] (reads up to `taps` pixels from
  * each first one: the rows are padded so that this stays inside the buffer). The SIMD and the
  * plain code compute the same integers. */
 static void resize_row(const unsigned char *in, unsigned char *out, const axis_weights *axis, int side) {
     int x = 0, taps = axis->taps;
 #ifdef __AVX2__
-    /* Two outputs per register (one per 128-bit lane), two taps per multiply-add: the bytes
-     * r0 g0 b0 x0 r1 g1 b1 x1 of two neighbouring pixels become the 16-bit pairs (r0 r1) (g0 g1)
-     * (b0 b1) (x0 x1), which _mm256_madd_epi16 weighs with (c0 c1); four outputs a step. */
-    const __m256i pairs = _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1,
-                                           0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
-    const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    const __m256i *weights = (const __m256i *)axis->lanes;
-    for (; x + 4 <= side; x += 4) {
-        const unsigned char *p0 = in + (size_t)axis->bounds[x] * 4, *p1 = in + (size_t)axis->bounds[x + 1] * 4;
-        const unsigned char *p2 = in + (size_t)axis->bounds[x + 2] * 4, *p3 = in + (size_t)axis->bounds[x + 3] * 4;
-        __m256i first = _mm256_set1_epi32(1 << (COEFFICIENT_BITS - 1)), second = first;
-        for (int k = 0; k < taps; k += 2) {
-            __m256i pixels = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p0 + 4 * k))),
-                                                     _mm_loadl_epi64((const __m128i *)(p1 + 4 * k)), 1);
-            first = _mm256_add_epi32(first, _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, pairs),
-                                                              _mm256_loadu_si256(weights + k / 2)));
-            pixels = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p2 + 4 * k))),
-                                             _mm_loadl_epi64((const __m128i *)(p3 + 4 * k)), 1);
-            second = _mm256_add_epi32(second, _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, pairs),
-                                                                _mm256_loadu_si256(weights + taps / 2 + k / 2)));
-        }
-        weights += taps;
-        /* lanes: (x, x+2) then (x+1, x+3), each pixel's 4 bytes repeated; gathered into x .. x+3 */
-        __m256i words = _mm256_packs_epi32(_mm256_srai_epi32(first, COEFFICIENT_BITS), _mm256_srai_epi32(second, COEFFICIENT_BITS));
-        __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), in_order);
-        _mm_storeu_si128((__m128i *)(out + 4 * x), _mm256_castsi256_si128(bytes));
+    switch (taps) {                /* the common widths with the loop over taps unrolled, which cost as much as the sums */
+    case 2: x = resize_row_simd(in, out, axis, side, 2); break;
+    case 4: x = resize_row_simd(in, out, axis, side, 4); break;
+    case 6: x = resize_row_simd(in, out, axis, side, 6); break;
+    case 8: x = resize_row_simd(in, out, axis, side, 8); break;
+    default: x = resize_row_simd(in, out, axis, side, taps);
     }
 #endif
     for (; x < side; x++) {
