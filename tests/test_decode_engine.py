@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import os
 import re
+import select
+import threading
 
 import numpy as np
 import pytest
@@ -101,6 +103,63 @@ def test_same_batch_at_any_thread_count(stored):
         many, decoded = decode(samples, spec, 96, threads=threads)
         assert np.array_equal(one, many), threads
         assert decoded.stage_seconds.min() > 0
+
+
+def test_batches_started_together_or_from_threads_are_those_made_one_by_one(stored):
+    """The engine's threads are kept from batch to batch and serve batches in the order started:
+    two batches in their hands at once (the loader's overlap), and batches started from several
+    Python threads with different thread counts, give the bytes of batches made one at a time."""
+    samples, _ = stored
+    half = len(samples.sample_ids) // 2
+    parts = [decode_engine.StoredSamples(*(None if a is None else a[part] for a in (
+        samples.sample_ids, samples.fds, samples.image_at, samples.image_size, samples.label_at, samples.bases,
+        samples.checksums))) for part in (slice(0, half), slice(half, None))]
+    specs = [LoaderSpec("webdataset", path="unused", split=split) for split in ("train", "val")]
+    expected = [decode(part, spec, 72)[0] for spec in specs for part in parts]
+    outs = [np.zeros_like(e) for e in expected]
+    started = [decode_engine.StartedBatch(part, spec, 0, 72, out, threads=2)
+               for (spec, part), out in zip([(spec, part) for spec in specs for part in parts], outs)]
+    assert not any(batch.result().failed for batch in started)
+    for made, want in zip(outs, expected):
+        assert np.array_equal(made, want)
+    results = {}
+
+    def make(k, threads):
+        out = np.zeros_like(expected[k])
+        spec, part = specs[k // 2], parts[k % 2]
+        decode_engine.StartedBatch(part, spec, 0, 72, out, threads=threads).result()
+        results[k] = out
+    callers = [threading.Thread(target=make, args=(k, threads)) for k, threads in enumerate((1, 2, 3, 5))]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    for k, want in enumerate(expected):
+        assert np.array_equal(results[k], want), k
+
+
+def test_a_forked_child_makes_batches_with_threads_of_its_own(stored):
+    """A child forked after the engine's threads started (a DataLoader worker, a multiprocessing
+    pool) has none of them: its batches are made by threads it starts, the same bytes."""
+    samples, _ = stored
+    spec = LoaderSpec("webdataset", path="unused", split="val")
+    expected, _ = decode(samples, spec, 64)
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:                                  # pragma: no cover - the child's exit code is the check
+        try:
+            out, _ = decode(samples, spec, 64)
+            os.write(writer, b"1" if np.array_equal(out, expected) else b"0")
+        finally:
+            os._exit(0)
+    os.close(writer)
+    try:
+        answered, _, _ = select.select([reader], [], [], 60)
+        assert answered and os.read(reader, 1) == b"1", "the child's batch never came"
+    finally:
+        os.close(reader)
+        os.kill(child, 9)
+        os.waitpid(child, 0)
 
 
 def cpu_flags() -> set[str]:

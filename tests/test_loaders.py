@@ -18,6 +18,7 @@ import torch
 
 from conftest import ROOT, as_converted_before_index_packs, two_ranks
 from pipeline import LoaderSpec, batches_per_epoch, build_loader
+from pipeline.loader.prefetch import BufferRing, prefetched
 
 # (backend, the form of the data it reads); DALI reads both raw folders and shards.
 CASES = [("folder", "folder"), ("webdataset", "webdataset"), ("ffcv", "ffcv"), ("dali", "folder"), ("dali", "webdataset")]
@@ -274,6 +275,33 @@ def test_the_train_shuffle_keeps_the_order_webdataset_gave():
     for count, size, seed in [(0, 3, 1), (1, 1, 2), (999, 1000, 3), (2500, 1000, 2 ** 62 + 5), (3001, 7, 4)]:
         theirs = filters._shuffle(iter(range(count)), bufsize=size, initial=size, rng=random.Random(seed))
         assert list(buffer_shuffle(range(count), size, seed)) == list(theirs), (count, size, seed)
+
+
+def test_batches_made_ahead_are_handed_on_in_order_and_none_begun_is_left():
+    """The engine's prefetch thread starts each batch before it finishes the one before: batches
+    still come out in order, an error starting one comes after the batch before it, and a
+    consumer that stops early leaves no started batch unfinished (its memory is the engine's)."""
+    ring = BufferRing(2, (1,), torch.uint8, pinned=False)
+    events = []
+
+    def start(key, buffer):
+        if key == 3:
+            raise ValueError("batch 3 cannot start")
+        events.append(("start", key))
+        return lambda: events.append(("finish", key)) or key
+
+    got = []
+    with pytest.raises(ValueError, match="batch 3 cannot start"):
+        for key in prefetched(start, range(6), ring, depth=2):
+            got.append(key)
+    assert got == [0, 1, 2]
+    assert events.index(("start", 1)) < events.index(("finish", 0))
+    events.clear()
+    batches = prefetched(start, range(3), ring, depth=2)
+    assert next(batches) == 0
+    batches.close()
+    begun = {key for what, key in events if what == "start"}
+    assert len(begun) > 1 and begun == {key for what, key in events if what == "finish"}
 
 
 def test_the_lanes_are_shuffled_at_once_as_one_at_a_time():

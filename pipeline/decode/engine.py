@@ -60,6 +60,10 @@ def load(flags: tuple[str, ...] = ("-march=native",), library: Path | None = Non
     library = load_library(SOURCE, libraries=("jpeg", "z", "pthread", "m"), flags=flags, library=library,
                            check="engine_check")
     library.engine_decode_batch.argtypes = [ctypes.POINTER(_BatchJob)]
+    library.engine_start_batch.argtypes = [ctypes.POINTER(_BatchJob)]
+    library.engine_start_batch.restype = ctypes.c_void_p
+    library.engine_finish_batch.argtypes = [ctypes.c_void_p]
+    library.engine_finish_batch.restype = None
     int_p = ctypes.POINTER(ctypes.c_int)
     library.engine_crop_box.argtypes = [ctypes.POINTER(_BatchJob), ctypes.c_int, ctypes.c_int, ctypes.c_int, int_p, int_p]
     library.engine_stages.restype = ctypes.c_int
@@ -115,51 +119,92 @@ def decode_batch(samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int
     a JPEG with a restart marker after every MCU is entropy-decoded only around its crop
     (jpeg_restarts.h: the same pixels; False decodes every MCU above and beside it too).
     `entropy_only` stops each sample once the MCUs it would decode are Huffman-decoded into
-    coefficients (no pixels are written): what a decode of that crop cannot go below."""
-    started = time.thread_time()
-    count = len(samples.sample_ids)
-    rows, cols = out_shape(spec, side)
-    if out.dtype not in (np.uint8, np.float32) or out.shape[1:] != (rows, cols, 3) or out.shape[0] < count \
-            or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-ordered uint8 or float32 array of shape (>={count}, {rows}, {cols}, 3), "
-                         f"got {out.dtype} {out.shape}")
-    normalized = out.dtype == np.float32
-    std = np.asarray(spec.std, np.float64) * 255
-    arrays = dict(fds=np.ascontiguousarray(samples.fds, np.int32),
-                  image_at=np.ascontiguousarray(samples.image_at, np.int64),
-                  image_size=np.ascontiguousarray(samples.image_size, np.int64),
-                  label_at=np.ascontiguousarray(samples.label_at, np.int64),
-                  bases=np.ascontiguousarray(samples.bases if samples.bases is not None else np.zeros(count), np.uint64),
-                  sample_ids=np.ascontiguousarray(samples.sample_ids, np.int64),
-                  labels=np.empty(count, np.int32), status=np.empty(count, np.int32),
-                  scale_used=np.zeros(count, np.int32), stage_seconds=np.zeros((count, len(STAGES))))
-    if samples.checksums is not None:
-        arrays["checksums"] = np.ascontiguousarray(samples.checksums, np.uint32)
-    messages = ctypes.create_string_buffer(MESSAGE_SIZE * max(count, 1))
-    keep_rows = keep_cols = uniforms = None
-    if spec.train and spec.colout:      # ColOut's generator is seeded from the uniforms: Python draws them
-        uniforms = _uniforms(spec, epoch, samples.sample_ids)
-        kept = [kept_indices(side, side, *spec.colout, sample_generator(u)) for u in uniforms]
-        keep_rows = np.array([r for r, _ in kept], np.int32).reshape(count, rows)
-        keep_cols = np.array([c for _, c in kept], np.int32).reshape(count, cols)
-    sample_ids = arrays.pop("sample_ids")
-    job = _job(spec, side, uniforms, epoch, sample_ids, count=count, out_rows=rows, out_cols=cols, threads=max(1, threads),
-               oversample_x100=round(100 * oversample), restarts=int(restarts), entropy_only=int(entropy_only),
-               scale_mask=sum(1 << m for m in scales),
-               scale=(ctypes.c_float * 3)(*(1 / std)), offset=(ctypes.c_float * 3)(*(-np.asarray(spec.mean) / spec.std)),
-               out_float=out.ctypes.data if normalized else None,
-               keep_rows=keep_rows.ctypes.data if keep_rows is not None else None,
-               keep_cols=keep_cols.ctypes.data if keep_cols is not None else None,
-               out=None if normalized else out.ctypes.data, messages=ctypes.addressof(messages), message_size=MESSAGE_SIZE,
-               **{name: array.ctypes.data for name, array in arrays.items()})
-    python_seconds = time.thread_time() - started
-    (library or _library).engine_decode_batch(ctypes.byref(job))
-    def said(i) -> str:
-        return messages.raw[i * MESSAGE_SIZE:(i + 1) * MESSAGE_SIZE].split(b"\0", 1)[0].decode(errors="replace")
-    status = arrays["status"]
-    return DecodedBatch(arrays["labels"], [(int(i), said(i)) for i in np.flatnonzero(status == -1)],
-                        [(int(i), said(i)) for i in np.flatnonzero(status == -2)], arrays["scale_used"],
-                        arrays["stage_seconds"].sum(0), python_seconds)
+    coefficients (no pixels are written): what a decode of that crop cannot go below.
+    `library`: another build of the engine (an older one among them: benchmarks/engine_versions.py)."""
+    batch = _BatchCall(samples, spec, epoch, side, out, threads, scales, oversample, restarts, entropy_only)
+    (library or _library).engine_decode_batch(ctypes.byref(batch.job))
+    return batch.decoded()
+
+
+class StartedBatch:
+    """A batch `decode_batch` would make, handed to the engine's threads (kept from batch to
+    batch) and not waited for: the caller prepares the next batch, or finishes the last, meanwhile.
+    `result()` waits and gives the DecodedBatch. Until then, `out` and the samples' memory are
+    the engine's; a StartedBatch dropped unawaited is waited for."""
+
+    def __init__(self, samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int, out: np.ndarray,
+                 threads: int, scales=ALLOWED_SCALES, oversample: float = OVERSAMPLE):
+        self._batch = _BatchCall(samples, spec, epoch, side, out, threads, scales, oversample, True, False)
+        self._task = _library.engine_start_batch(ctypes.byref(self._batch.job))
+        if not self._task:
+            raise MemoryError("the decode engine could not start a batch: out of memory")
+        self._decoded: DecodedBatch | None = None
+
+    def result(self) -> DecodedBatch:
+        if self._decoded is None:
+            _library.engine_finish_batch(self._task)
+            self._decoded = self._batch.decoded()
+        return self._decoded
+
+    def __del__(self):
+        if getattr(self, "_task", None) and self._decoded is None:
+            self.result()
+
+
+class _BatchCall:
+    """One call's job and the arrays it points into, which must live until the engine is done."""
+
+    def __init__(self, samples: StoredSamples, spec: LoaderSpec, epoch: int, side: int, out: np.ndarray,
+                 threads: int, scales, oversample: float, restarts: bool, entropy_only: bool):
+        started = time.thread_time()
+        count = len(samples.sample_ids)
+        rows, cols = out_shape(spec, side)
+        if out.dtype not in (np.uint8, np.float32) or out.shape[1:] != (rows, cols, 3) or out.shape[0] < count \
+                or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-ordered uint8 or float32 array of shape (>={count}, {rows}, {cols}, 3), "
+                             f"got {out.dtype} {out.shape}")
+        normalized = out.dtype == np.float32
+        std = np.asarray(spec.std, np.float64) * 255
+        arrays = dict(fds=np.ascontiguousarray(samples.fds, np.int32),
+                      image_at=np.ascontiguousarray(samples.image_at, np.int64),
+                      image_size=np.ascontiguousarray(samples.image_size, np.int64),
+                      label_at=np.ascontiguousarray(samples.label_at, np.int64),
+                      bases=np.ascontiguousarray(samples.bases if samples.bases is not None else np.zeros(count), np.uint64),
+                      sample_ids=np.ascontiguousarray(samples.sample_ids, np.int64),
+                      labels=np.empty(count, np.int32), status=np.empty(count, np.int32),
+                      scale_used=np.zeros(count, np.int32), stage_seconds=np.zeros((count, len(STAGES))))
+        if samples.checksums is not None:
+            arrays["checksums"] = np.ascontiguousarray(samples.checksums, np.uint32)
+        messages = ctypes.create_string_buffer(MESSAGE_SIZE * max(count, 1))
+        keep_rows = keep_cols = uniforms = None
+        if spec.train and spec.colout:      # ColOut's generator is seeded from the uniforms: Python draws them
+            uniforms = _uniforms(spec, epoch, samples.sample_ids)
+            kept = [kept_indices(side, side, *spec.colout, sample_generator(u)) for u in uniforms]
+            keep_rows = np.array([r for r, _ in kept], np.int32).reshape(count, rows)
+            keep_cols = np.array([c for _, c in kept], np.int32).reshape(count, cols)
+        sample_ids = arrays.pop("sample_ids")
+        job = _job(spec, side, uniforms, epoch, sample_ids, count=count, out_rows=rows, out_cols=cols, threads=max(1, threads),
+                   oversample_x100=round(100 * oversample), restarts=int(restarts), entropy_only=int(entropy_only),
+                   scale_mask=sum(1 << m for m in scales),
+                   scale=(ctypes.c_float * 3)(*(1 / std)), offset=(ctypes.c_float * 3)(*(-np.asarray(spec.mean) / spec.std)),
+                   out_float=out.ctypes.data if normalized else None,
+                   keep_rows=keep_rows.ctypes.data if keep_rows is not None else None,
+                   keep_cols=keep_cols.ctypes.data if keep_cols is not None else None,
+                   out=None if normalized else out.ctypes.data, messages=ctypes.addressof(messages), message_size=MESSAGE_SIZE,
+                   **{name: array.ctypes.data for name, array in arrays.items()})
+        python_seconds = time.thread_time() - started
+        self.job, self.arrays, self.messages, self.python_seconds = job, arrays, messages, python_seconds
+        self.keep = (keep_rows, keep_cols, uniforms, sample_ids, samples, out)
+
+    def decoded(self) -> DecodedBatch:
+        """What the engine made of the batch, once it is done."""
+        messages, status = self.messages, self.arrays["status"]
+
+        def said(i) -> str:
+            return messages.raw[i * MESSAGE_SIZE:(i + 1) * MESSAGE_SIZE].split(b"\0", 1)[0].decode(errors="replace")
+        return DecodedBatch(self.arrays["labels"], [(int(i), said(i)) for i in np.flatnonzero(status == -1)],
+                            [(int(i), said(i)) for i in np.flatnonzero(status == -2)], self.arrays["scale_used"],
+                            self.arrays["stage_seconds"].sum(0), self.python_seconds)
 
 
 def crop_boxes(spec: LoaderSpec, epoch: int, sample_ids, sizes, side: int = 64) -> list[tuple[tuple[int, ...], bool]]:

@@ -56,23 +56,42 @@ class BufferRing:
         self.free.put((buffer, copied))
 
 
-def prefetched(make: Callable, keys: Iterable, ring: BufferRing, depth: int = 2):
-    """Yields make(key, buffer) for each key, made up to `depth` batches ahead in a thread.
-    The consumer returns each buffer with ring.give_back once it no longer reads it. An error
-    in the thread is raised here, at the batch it belongs to; closing the generator early stops
-    the thread at its next batch."""
-    made: queue.Queue = queue.Queue(maxsize=depth)
+def prefetched(start: Callable, keys: Iterable, ring: BufferRing, depth: int = 2):
+    """Yields finish() for each key, where finish = start(key, buffer), made up to `depth` batches
+    ahead in a thread. Each batch is started before the one before it is finished, so that what
+    a batch's start and finish do in Python overlaps the making of another (the decode engine's
+    threads, which never wait for it): one of the `depth` is the batch being made. The consumer
+    returns each buffer with ring.give_back once it no longer reads it. An error in the thread is
+    raised here, at the batch it belongs to; closing the generator early stops the thread at its
+    next batch."""
+    made: queue.Queue = queue.Queue(maxsize=max(depth - 1, 1))
     stop = threading.Event()
 
     def produce():
+        begun = None                      # started, not yet finished
         try:
             for key in keys:
                 if stop.is_set():
                     return
-                made.put(("batch", make(key, ring.take())))
+                started = None
+                try:
+                    started = start(key, ring.take())
+                finally:                  # the batch before is handed on first, even where this one fails
+                    previous, begun = begun, started
+                    if previous is not None:
+                        made.put(("batch", previous()))
+            if begun is not None:
+                last, begun = begun, None
+                made.put(("batch", last()))
             made.put(("end", None))
         except BaseException as error:    # noqa: B902 - handed to the consumer, raised there
             made.put(("error", error))
+        finally:
+            if begun is not None:         # stopped early, or the batch before it failed: waited for
+                try:
+                    begun()
+                except BaseException:     # noqa: B902 - a batch nobody will read
+                    pass
 
     thread = threading.Thread(target=produce, name="decode-engine-prefetch", daemon=True)
     thread.start()
@@ -86,9 +105,8 @@ def prefetched(make: Callable, keys: Iterable, ring: BufferRing, depth: int = 2)
             yield item
     finally:
         stop.set()
-        while thread.is_alive():          # unblock a producer waiting on a full queue
+        while thread.is_alive():          # unblock a producer waiting on a full queue, else wait for its end
             try:
-                made.get(timeout=0.05)
+                made.get_nowait()
             except queue.Empty:
-                pass
-        thread.join()
+                thread.join(timeout=0.05)

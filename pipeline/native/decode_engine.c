@@ -1,7 +1,8 @@
 /* The batch decode engine of the `webdataset` backend: a whole batch made by native threads,
  * with no Python and no GIL between a sample's bytes and its slot in the batch.
  *
- * For each sample, in a pool of pthreads pulling sample numbers from one atomic counter:
+ * For each sample, in threads kept from batch to batch (thread_pool.h), each pulling sample
+ * numbers from one atomic counter:
  *   read    one pread of the image and its label, at the offsets the shard's .idx gives (or
  *           none, where the caller holds them in memory);
  *   crop    RandomResizedCrop or the val center crop, the arithmetic of pipeline/transforms/crops.py on
@@ -39,6 +40,7 @@
 #include "jpeg_huffman.h"
 #include "jpeg_restarts.h"
 #include "numpy_random.h"
+#include "thread_pool.h"
 #ifdef __SSE4_1__
 #include <immintrin.h>
 #endif
@@ -90,7 +92,7 @@ typedef struct {                                  /* one thread's decoder and gr
     unsigned char *bytes, *region, *rows, *resized, *rgb;   /* rgb: one output row before normalizing */
     JSAMPROW *row_pointers;                                  /* into region */
     float *row_scale, *row_offset;                  /* the normalization constants along a row */
-    size_t bytes_size, region_size, rows_size, resized_size, row_pointers_size;
+    size_t bytes_size, region_size, rows_size, resized_size, row_pointers_size, row_values_size;
     double uniforms[MOST_UNIFORMS];
     restart_index restarts;
     segment_decoder segments;                     /* decodes the MCUs of a JPEG with a restart index */
@@ -609,63 +611,90 @@ unsigned engine_crc32(unsigned crc, const unsigned char *data, size_t size) { re
 /* At load (pipeline/native/library.py): the libjpeg loaded is the one compiled against. */
 int engine_check(char *message, int message_size) { return jpeg_library_matches(message, message_size); }
 
-static void *work(void *argument) {
+/* A pool thread's worker, made at its first batch and kept: its decoder, tables and buffers. */
+static worker *worker_made(void **state) {
+    if (!*state && (*state = calloc(1, sizeof(worker)))) {
+        worker *self = *state;
+        jpeg_errors_start(&self->info, &self->errors, self->spare_message, sizeof self->spare_message);
+        jpeg_create_decompress(&self->info);
+        self->segments.errors = &self->errors;
+    }
+    return *state;
+}
+
+/* The job's normalization constants tiled along an output row; 0 when out of memory. */
+static int rows_ready(worker *self, const batch_job *job) {
+    size_t row_values = 3 * (size_t)job->out_cols;
+    if (row_values > self->row_values_size) {
+        free(self->rgb); free(self->row_scale); free(self->row_offset);
+        self->rgb = malloc(row_values);
+        self->row_scale = malloc(sizeof(float) * row_values);
+        self->row_offset = malloc(sizeof(float) * row_values);
+        self->row_values_size = self->rgb && self->row_scale && self->row_offset ? row_values : 0;
+        if (!self->row_values_size) return 0;
+    }
+    for (size_t k = 0; k < row_values; k++) {
+        self->row_scale[k] = job->scale[k % 3];
+        self->row_offset[k] = job->offset[k % 3];
+    }
+    return 1;
+}
+
+/* A pool thread's share of a batch (thread_pool.h's task): samples taken one at a time from the
+ * job's counter until none is left. */
+static void work(void *argument, void **state) {
     batch_job *job = argument;
-    worker self;
-    memset(&self, 0, sizeof self);
-    jpeg_errors_start(&self.info, &self.errors, self.spare_message, sizeof self.spare_message);
-    jpeg_create_decompress(&self.info);
-    self.segments.errors = &self.errors;
-    int row_values = 3 * job->out_cols;
-    self.rgb = malloc(row_values);
-    self.row_scale = malloc(sizeof(float) * row_values);
-    self.row_offset = malloc(sizeof(float) * row_values);
-    if (!self.rgb || !self.row_scale || !self.row_offset) {
+    worker *self = worker_made(state);
+    if (!self || !rows_ready(self, job)) {
         for (int i; (i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < job->count;) {
             snprintf(job->messages + (long)i * job->message_size, job->message_size, "out of memory");
             job->status[i] = -1;
         }
-        row_values = 0;
-    }
-    for (int k = 0; k < row_values; k++) {
-        self.row_scale[k] = job->scale[k % 3];
-        self.row_offset[k] = job->offset[k % 3];
+        return;
     }
     for (;;) {
         int i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED);
         if (i >= job->count) break;
         char *message = job->messages + (long)i * job->message_size;
         message[0] = 0;
-        self.errors.message = message;
-        self.errors.message_size = job->message_size;
-        if (setjmp(self.errors.escape)) {
-            jpeg_abort_decompress(&self.info);      /* the decoder is reusable for the next sample */
-            job->status[i] = self.damaged ? -2 : -1;
-            self.damaged = 0;
+        self->errors.message = message;
+        self->errors.message_size = job->message_size;
+        if (setjmp(self->errors.escape)) {
+            jpeg_abort_decompress(&self->info);      /* the decoder is reusable for the next sample */
+            job->status[i] = self->damaged ? -2 : -1;
+            self->damaged = 0;
             continue;
         }
-        make_sample(&self, job, i);
+        make_sample(self, job, i);
         job->status[i] = 0;
     }
-    jpeg_destroy_decompress(&self.info);
-    restart_index_free(&self.restarts);
-    free(self.cut); free(self.bytes); free(self.region); free(self.row_pointers); free(self.rows); free(self.resized);
-    free(self.rgb); free(self.row_scale); free(self.row_offset);
-    free(self.across.bounds); free(self.across.coefficients); free(self.across.lanes); free(self.down.bounds); free(self.down.coefficients);
-    return NULL;
 }
 
-/* Makes every sample of `job` with `job->threads` threads (the caller's among them); 0 on
- * success (per-sample failures are in job->status), -1 if no thread could be started. */
-int engine_decode_batch(batch_job *job) {
-    int extra = job->threads - 1;
-    pthread_t threads[extra > 0 ? extra : 1];
-    int started = 0;
+/* Starts making every sample of `job` on `job->threads` of the pool's threads and returns at
+ * once; engine_finish_batch waits for them. NULL when out of memory. Per-sample failures are
+ * in job->status. */
+void *engine_start_batch(batch_job *job) {
+    pool_task *task = calloc(1, sizeof *task);
+    if (!task) return NULL;
     job->next = 0;
-    for (; started < extra; started++)
-        if (pthread_create(&threads[started], NULL, work, job) != 0) break;
-    work(job);
-    for (int t = 0; t < started; t++) pthread_join(threads[t], NULL);
+    task->work = work;
+    task->argument = job;
+    task->threads = job->threads;
+    pool_start(task);
+    return task;
+}
+
+void engine_finish_batch(void *task) {
+    pool_finish(task);
+    free(task);
+}
+
+/* Makes every sample of `job` with `job->threads` threads; returns when they are made (0). */
+int engine_decode_batch(batch_job *job) {
+    pool_task task = {.work = work, .argument = job, .threads = job->threads};
+    job->next = 0;
+    pool_start(&task);
+    pool_finish(&task);
     return 0;
 }
 

@@ -1,6 +1,8 @@
 """Batches of a WebDataset split decoded by the native engine (`pipeline/decode/engine.py`):
 `num_workers` threads per batch, in a background thread of this process that makes
 `PREFETCH_BATCHES` batches ahead into a ring of reused buffers (`pipeline/loader/prefetch.py`).
+That thread hands the next batch to the engine before it finishes the last one (its labels,
+its Pillow fallbacks), so the engine's threads do not wait on Python between batches.
 
 A sample the engine refuses goes through Pillow here; one Pillow cannot decode either is left
 out of its batch and reported. The CPU seconds of each engine stage are summed for the
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import ExitStack
+from functools import partial
 
 import numpy as np
 import torch
@@ -52,8 +56,7 @@ class EngineBatches:
         ring = self._ring
         keys, previous = list(enumerate(plan))[start:], None
         for index, buffer, images, labels, errors in prefetched(
-                lambda key, buffer: (key[0], buffer, *self._batch(epoch, side, key[1], buffer)), keys, ring,
-                PREFETCH_BATCHES):
+                partial(self._start, epoch, side), keys, ring, PREFETCH_BATCHES):
             if previous is not None:          # asked for this batch: done with the one before
                 ring.give_back(previous, self.device)
             previous = buffer
@@ -61,14 +64,29 @@ class EngineBatches:
         if previous is not None:
             ring.give_back(previous, self.device)
 
-    def _batch(self, epoch: int, side: int, ids: np.ndarray, buffer: torch.Tensor):
-        """One batch by the engine into `buffer`; the samples it refuses go through Pillow, and
-        those Pillow cannot decode either are left out and reported."""
+    def _start(self, epoch: int, side: int, key: tuple[int, np.ndarray], buffer: torch.Tensor):
+        """Batch `key` (its index in the plan, its sample ids) handed to the engine's threads, to be
+        made into `buffer`; returns what waits for it and finishes it (`_finished`)."""
+        index, ids = key
         started = time.thread_time()
-        out = buffer.numpy()
-        with self.stored.located(ids) as samples:
+        with ExitStack() as on_failure:
+            samples = on_failure.enter_context(self.stored.located(ids))
             python_seconds = time.thread_time() - started
-            decoded = decode_engine.decode_batch(samples, self.spec, epoch, side, out, threads=self.spec.num_workers)
+            batch = decode_engine.StartedBatch(samples, self.spec, epoch, side, buffer.numpy(),
+                                               threads=self.spec.num_workers)
+            held = on_failure.pop_all()       # the samples stay where they are until the batch is made
+
+        def finish():
+            with held:
+                decoded = batch.result()
+            return (index, buffer, *self._finished(epoch, side, ids, buffer, decoded, python_seconds))
+        return finish
+
+    def _finished(self, epoch: int, side: int, ids: np.ndarray, buffer: torch.Tensor,
+                  decoded: decode_engine.DecodedBatch, python_seconds: float):
+        """The batch's images, labels and errors: the samples the engine refused go through Pillow,
+        and those Pillow cannot decode either are left out and reported."""
+        out = buffer.numpy()
         fallback_started = time.thread_time()
         labels = torch.from_numpy(decoded.labels.astype(np.int64))
         unhealed = []
