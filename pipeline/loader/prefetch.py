@@ -68,7 +68,7 @@ def prefetched(start: Callable, keys: Iterable, ring: BufferRing, depth: int = 2
     stop = threading.Event()
 
     def produce():
-        begun = None                      # started, not yet finished
+        begun, first = None, True         # begun: started, not yet finished
         try:
             for key in keys:
                 if stop.is_set():
@@ -80,6 +80,9 @@ def prefetched(start: Callable, keys: Iterable, ring: BufferRing, depth: int = 2
                     previous, begun = begun, started
                     if previous is not None:
                         made.put(("batch", previous()))
+                if first:                 # not held back by the next batch's start (its reads from a URL)
+                    first, begun = False, None
+                    made.put(("batch", started()))
             if begun is not None:
                 last, begun = begun, None
                 made.put(("batch", last()))
