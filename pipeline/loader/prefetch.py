@@ -58,12 +58,13 @@ class BufferRing:
 
 def prefetched(start: Callable, keys: Iterable, ring: BufferRing, depth: int = 2):
     """Yields finish() for each key, where finish = start(key, buffer), made up to `depth` batches
-    ahead in a thread. Each batch is started before the one before it is finished, so that what
-    a batch's start and finish do in Python overlaps the making of another (the decode engine's
-    threads, which never wait for it): one of the `depth` is the batch being made. The consumer
-    returns each buffer with ring.give_back once it no longer reads it. An error in the thread is
-    raised here, at the batch it belongs to; closing the generator early stops the thread at its
-    next batch."""
+    ahead in a thread. From the second batch on, a batch is finished only once the next one is
+    started, so that what a batch's start and finish do in Python overlaps the making of another
+    (the decode engine's threads then never wait on Python); the first is handed on at once, not
+    held back by the next one's start (from a URL, a wait for its blocks). The consumer returns
+    each buffer with ring.give_back once it no longer reads it. An error in the thread is raised
+    here, after the batches before it; closing the generator early stops the thread at its next
+    batch, and a batch started is finished all the same (its memory is the engine's till then)."""
     made: queue.Queue = queue.Queue(maxsize=max(depth - 1, 1))
     stop = threading.Event()
 

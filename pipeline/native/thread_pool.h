@@ -5,8 +5,9 @@
  * A task is a function that takes work from its argument until none is left to take (an atomic
  * counter), called by up to `threads` pool threads at once. Each thread passes the function its
  * own slot (`state`), kept from task to task: what the function keeps there (a decoder, buffers)
- * is made once per thread. Tasks are served in the order they were started, so the threads move
- * on to the next batch as the last samples of the one before run out.
+ * is made once per thread. A free thread joins the first task started that has room for it, so
+ * with as many threads as a batch asks for, they move on to the next batch as the last samples
+ * of the one before run out.
  *
  * A forked child has none of its parent's threads: it starts its own (pthread_atfork).
  * Header-only, as jpeg_restarts.h.
