@@ -670,16 +670,19 @@ static void work(void *argument, void **state) {
     }
 }
 
+/* The pool's task of making every sample of `job`, its counter at the first. */
+static pool_task batch_task(batch_job *job) {
+    job->next = 0;
+    return (pool_task){.work = work, .argument = job, .threads = job->threads};
+}
+
 /* Starts making every sample of `job` on `job->threads` of the pool's threads and returns at
  * once; engine_finish_batch waits for them. NULL when out of memory. Per-sample failures are
  * in job->status. */
 void *engine_start_batch(batch_job *job) {
-    pool_task *task = calloc(1, sizeof *task);
+    pool_task *task = malloc(sizeof *task);
     if (!task) return NULL;
-    job->next = 0;
-    task->work = work;
-    task->argument = job;
-    task->threads = job->threads;
+    *task = batch_task(job);
     pool_start(task);
     return task;
 }
@@ -691,8 +694,7 @@ void engine_finish_batch(void *task) {
 
 /* Makes every sample of `job` with `job->threads` threads; returns when they are made (0). */
 int engine_decode_batch(batch_job *job) {
-    pool_task task = {.work = work, .argument = job, .threads = job->threads};
-    job->next = 0;
+    pool_task task = batch_task(job);
     pool_start(&task);
     pool_finish(&task);
     return 0;
