@@ -262,7 +262,8 @@ def test_damaged_and_cmyk_samples_are_reported_not_decoded(stored, tmp_path):
 
 def restart_layouts(jpegs: list[bytes]) -> list[bytes]:
     """Stored photos re-encoded in other layouts (4:4:4, 4:2:2, grey, odd sizes), each with a
-    restart marker after every MCU, and one progressive JPEG without (decoded whole)."""
+    restart marker after every MCU, and one progressive JPEG without (decoded whole). Half the
+    grey ones are sampled 2x2, which the engine's segment decoder leaves to libjpeg."""
     layouts = []
     for k, data in enumerate(jpegs):
         image = Image.open(io.BytesIO(data))
@@ -271,7 +272,8 @@ def restart_layouts(jpegs: list[bytes]) -> list[bytes]:
         if k % 4 == 2:
             image = image.crop((3, 5, image.width - 7, image.height - 2))
         out = io.BytesIO()
-        image.save(out, "JPEG", quality=85, subsampling=(0, 1, 2, 2)[k % 4], progressive=k == 3)
+        subsampling = (0, 1 if k % 8 == 1 else 2, 2, 2)[k % 4]
+        image.save(out, "JPEG", quality=85, subsampling=subsampling, progressive=k == 3)
         layouts.append(out.getvalue() if k == 3 else jpeg_roi.transcode(out.getvalue()))
     return layouts
 

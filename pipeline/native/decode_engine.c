@@ -492,6 +492,21 @@ static void read_header(worker *self, const unsigned char *jpeg, size_t size) {
         refuse(&self->errors, "CMYK JPEG (not decoded here)");
 }
 
+/* The headers of restart_cut's JPEG of `jpeg`'s MCUs `mcus` read (with its segments or not). */
+static void read_cut(worker *self, const unsigned char *jpeg, mcu_rect mcus, int segments) {
+    size_t cut_size = restart_cut(&self->restarts, jpeg, mcus, segments, &self->cut, &self->cut_size);
+    if (!cut_size) refuse(&self->errors, "out of memory (the crop's MCUs)");
+    read_header(self, self->cut, cut_size);
+}
+
+/* The decode started at DCT scale m/8, into RGBX rows. */
+static void start_output(struct jpeg_decompress_struct *info, int m) {
+    info->out_color_space = JCS_EXT_RGBX;
+    info->scale_num = (unsigned)m;
+    info->scale_denom = 8;
+    jpeg_start_decompress(info);
+}
+
 /* Every MCU of the scan into coefficients, and nothing more: the entropy decoding that a decode
  * of the same crop cannot avoid (benchmarks/loaders.py's decode_floor). */
 static void decode_all_mcus(worker *self, struct jpeg_decompress_struct *info, int segmented) {
@@ -549,6 +564,7 @@ static void make_sample(worker *self, batch_job *job, int i) {
     if (col1 > scaled_width) col1 = scaled_width;
     /* the index's MCUs decoded: all of them, or those cut out below */
     mcu_rect mcus = {0, indexed ? self->restarts.mcus_down : 0, 0, indexed ? self->restarts.mcus_across : 0};
+    int cut = 0;
     if (indexed && (row1 - row0) * (col1 - col0) < scaled_height * scaled_width) {
         /* Only the MCUs under rows [row0, row1) and columns [col0, col1), cut out as a JPEG
          * of their own (coordinates move with its corner). Pixels at a cut edge differ from the
@@ -558,9 +574,8 @@ static void make_sample(worker *self, batch_job *job, int i) {
         const restart_index *index = &self->restarts;
         int mcu_rows = index->mcu_height * m / 8, mcu_cols = index->mcu_width * m / 8;
         mcus = restart_cover(index, mcu_rows, mcu_cols, row0, row1, col0, col1);
-        size_t cut_size = restart_cut(index, jpeg, mcus, &self->cut, &self->cut_size);
-        if (!cut_size) refuse(&self->errors, "out of memory (the crop's MCUs)");
-        read_header(self, self->cut, cut_size);
+        cut = 1;
+        read_cut(self, jpeg, mcus, 0);            /* headers alone: its MCUs are read from `jpeg` */
         int dy = mcus.top * mcu_rows, dx = mcus.left * mcu_cols;
         y0 -= dy; y1 -= dy; row0 -= dy; row1 -= dy;
         x0 -= dx; x1 -= dx; col0 -= dx; col1 -= dx;
@@ -575,11 +590,13 @@ static void make_sample(worker *self, batch_job *job, int i) {
         seconds[2] = now() - entry_done;
         return;
     }
-    info->out_color_space = JCS_EXT_RGBX;
-    info->scale_num = (unsigned)m;
-    info->scale_denom = 8;
-    jpeg_start_decompress(info);
+    start_output(info, m);
     int segmented = indexed && segments_take_over(&self->segments, info, &self->restarts, jpeg, jpeg + jpeg_size, mcus);
+    if (cut && !segmented) {                   /* libjpeg decodes the cut itself: now with its MCUs */
+        jpeg_abort_decompress(info);
+        read_cut(self, jpeg, mcus, 1);
+        start_output(info, m);
+    }
     if (job->entropy_only) {                   /* the MCUs cut, Huffman-decoded as the decode below would */
         decode_all_mcus(self, info, segmented);
         jpeg_abort_decompress(info);

@@ -18,6 +18,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 typedef struct {
     int width, height, mcu_width, mcu_height, mcus_across, mcus_down;
@@ -82,6 +85,19 @@ static int restart_headers(restart_index *index, const unsigned char *data, size
     return 1;
 }
 
+/* The first 0xFF byte in [p, end), or NULL. Inline and 32 bytes a step: with a marker after every
+ * MCU, they come every few dozen bytes, and memchr's call and set-up cost as much as the search. */
+static inline const unsigned char *next_ff(const unsigned char *p, const unsigned char *end) {
+#ifdef __AVX2__
+    const __m256i ff = _mm256_set1_epi8((char)0xFF);
+    for (; p + 32 <= end; p += 32) {
+        unsigned found = (unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)p), ff));
+        if (found) return p + __builtin_ctz(found);
+    }
+#endif
+    return memchr(p, 0xFF, (size_t)(end - p));
+}
+
 /* Indexes every MCU's segment of `data`; 1 on success, 0 when the JPEG is not one with a
  * restart marker after every MCU, ending at EOI (or memory ran out: then it is decoded whole). */
 static int restart_index_build(restart_index *index, const unsigned char *data, size_t size) {
@@ -99,7 +115,7 @@ static int restart_index_build(restart_index *index, const unsigned char *data, 
     index->segment_at[0] = (unsigned)index->scan_at;
     const unsigned char *p = data + index->scan_at, *end = data + size;
     for (;;) {
-        p = memchr(p, 0xFF, (size_t)(end - p));
+        p = next_ff(p, end);
         if (!p || p + 1 >= end) return 0;
         int next = p[1];
         if (next == 0x00) { p += 2; continue; }                   /* a stuffed 0xFF data byte */
@@ -117,9 +133,11 @@ static int restart_index_build(restart_index *index, const unsigned char *data, 
     }
 }
 
-/* Bytes the JPEG of MCU rows [row0, row1) and columns [col0, col1) takes. */
-static size_t restart_region_size(const restart_index *index, int row0, int row1, int col0, int col1) {
+/* Bytes the JPEG of MCU rows [row0, row1) and columns [col0, col1) takes; with `segments` 0, its
+ * headers and end alone. */
+static size_t restart_region_size(const restart_index *index, int row0, int row1, int col0, int col1, int segments) {
     size_t size = index->scan_at + 2;
+    if (!segments) return size;
     for (int r = row0; r < row1; r++)
         for (int c = col0; c < col1; c++) {
             size_t k = (size_t)r * index->mcus_across + c;
@@ -130,7 +148,7 @@ static size_t restart_region_size(const restart_index *index, int row0, int row1
 
 /* Writes that JPEG into `out` (restart_region_size bytes). */
 static void restart_region_write(const restart_index *index, const unsigned char *data, int row0, int row1,
-                                 int col0, int col1, unsigned char *out) {
+                                 int col0, int col1, int segments, unsigned char *out) {
     int bottom = row1 * index->mcu_height, right = col1 * index->mcu_width;
     int height = (bottom < index->height ? bottom : index->height) - row0 * index->mcu_height;
     int width = (right < index->width ? right : index->width) - col0 * index->mcu_width;
@@ -140,7 +158,7 @@ static void restart_region_write(const restart_index *index, const unsigned char
     sof[5] = (unsigned char)(width >> 8); sof[6] = (unsigned char)width;
     unsigned char *to = out + index->scan_at;
     unsigned written = 0;
-    for (int r = row0; r < row1; r++)
+    for (int r = row0; segments && r < row1; r++)
         for (int c = col0; c < col1; c++, written++) {
             if (written) { *to++ = 0xFF; *to++ = (unsigned char)(0xD0 + ((written - 1) & 7)); }
             size_t k = (size_t)r * index->mcus_across + c;
@@ -168,17 +186,19 @@ static mcu_rect restart_cover(const restart_index *index, int mcu_rows, int mcu_
 }
 
 /* The JPEG of `rect`'s MCUs written into *buffer, grown to fit (*capacity bytes): its size, or 0
- * where memory ran out. */
-static size_t restart_cut(const restart_index *index, const unsigned char *data, mcu_rect rect,
+ * where memory ran out. With `segments` 0, its headers alone, for a decoder that reads the MCUs
+ * from `data`'s own segments (jpeg_huffman.h's): libjpeg reads no entropy-coded byte of its own
+ * once its `decode_mcu` is replaced, so the copy would go unread. */
+static size_t restart_cut(const restart_index *index, const unsigned char *data, mcu_rect rect, int segments,
                           unsigned char **buffer, size_t *capacity) {
-    size_t size = restart_region_size(index, rect.top, rect.bottom, rect.left, rect.right);
+    size_t size = restart_region_size(index, rect.top, rect.bottom, rect.left, rect.right, segments);
     if (size > *capacity) {
         unsigned char *bigger = realloc(*buffer, size);
         if (!bigger) return 0;
         *buffer = bigger;
         *capacity = size;
     }
-    restart_region_write(index, data, rect.top, rect.bottom, rect.left, rect.right, *buffer);
+    restart_region_write(index, data, rect.top, rect.bottom, rect.left, rect.right, segments, *buffer);
     return size;
 }
 

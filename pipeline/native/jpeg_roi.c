@@ -113,7 +113,7 @@ int jpeg_roi_decode(const unsigned char *data, unsigned long size, int denominat
                                         left > 2 ? left - 2 : 0, left + cols + 2);
         if ((around.bottom - around.top) * (around.right - around.left) < index->mcus_down * index->mcus_across) {
             mcus = around;
-            size_t cut_size = restart_cut(index, data, mcus, &state->cut, &state->cut_size);
+            size_t cut_size = restart_cut(index, data, mcus, 1, &state->cut, &state->cut_size);
             if (!cut_size) refuse(&errors, "out of memory (the region's MCUs)");
             jpeg_abort_decompress(&info);
             jpeg_mem_src(&info, state->cut, cut_size);
