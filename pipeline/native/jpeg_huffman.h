@@ -70,37 +70,50 @@ static const unsigned char natural_order[128] = {
 
 static inline int extend(int value, int size) { return value < (1 << (size - 1)) ? value - (1 << size) + 1 : value; }
 
+/* The lookups of a code of `length` <= FAST_BITS bits, `code`, for `symbol`: every FAST_BITS-bit
+ * peek that starts with it, and in fast_value, with the value bits after it where they fit. */
+static void huffman_fast_entries(huffman_table *table, int code, int length, int symbol, int is_ac) {
+    int first = code << (FAST_BITS - length), count = 1 << (FAST_BITS - length);
+    for (int peek = first; peek < first + count; peek++) table->fast[peek] = (unsigned short)(length << 8 | symbol);
+    int run = is_ac ? symbol >> 4 : 0, size = is_ac ? symbol & 15 : symbol;
+    if (size > 15 || length + size > FAST_BITS) {               /* the value's bits run past the peek */
+        memset(table->fast_value + first, 0, sizeof(int) * (size_t)count);
+        return;
+    }
+    int step = size ? run + 1 : run == 15 ? 16 : 64, rest = FAST_BITS - length - size;
+    for (int bits = 0; bits < 1 << size; bits++) {
+        int value = size ? extend(bits, size) : 0;
+        int entry = is_ac ? value * 65536 + step * 256 + length + size : value * 256 + length + size;
+        int *to = table->fast_value + first + (bits << rest);
+        for (int fill = 0; fill < 1 << rest; fill++) to[fill] = entry;
+    }
+}
+
 /* `table` from libjpeg's, unless it was built from the same one already; canonical codes as in
- * the standard's Annex C. A table whose codes overflow their lengths is refused. */
+ * the standard's Annex C. A table whose codes overflow their lengths is refused. Each image a
+ * converter optimized has tables of its own, so this is built per image: the lookups are filled
+ * code by code, not peek by peek. */
 static void huffman_build(huffman_table *table, const JHUFF_TBL *from, int is_ac, error_manager *errors) {
     if (table->built && !memcmp(table->bits, from->bits, sizeof table->bits) &&
         !memcmp(table->huffval, from->huffval, sizeof table->huffval))
         return;
     table->built = 0;
-    memset(table->fast, 0, sizeof table->fast);
-    memset(table->fast_value, 0, sizeof table->fast_value);
     int code = 0, k = 0;
     for (int length = 1; length <= 16; length++) {
         table->offset[length] = k - code;
         for (int n = 0; n < from->bits[length]; n++, k++, code++) {
             if (k >= 256 || code >= (1 << length)) refuse(errors, "Bogus Huffman table definition");
             table->values[k] = from->huffval[k];
-            if (length <= FAST_BITS)
-                for (int fill = 0; fill < 1 << (FAST_BITS - length); fill++)
-                    table->fast[code << (FAST_BITS - length) | fill] = (unsigned short)(length << 8 | from->huffval[k]);
+            if (length <= FAST_BITS) huffman_fast_entries(table, code, length, from->huffval[k], is_ac);
+        }
+        if (length == FAST_BITS) {                 /* the peeks past the short codes: a longer code */
+            memset(table->fast + code, 0, sizeof(unsigned short) * (size_t)((1 << FAST_BITS) - code));
+            memset(table->fast_value + code, 0, sizeof(int) * (size_t)((1 << FAST_BITS) - code));
         }
         table->limit[length] = (uint32_t)code << (16 - length);
         code <<= 1;
     }
     table->limit[17] = 0xFFFFFFFFu;            /* no code is this long: the search stops here */
-    for (int peek = 0; peek < 1 << FAST_BITS; peek++) {
-        int entry = table->fast[peek], length = entry >> 8, symbol = entry & 255;
-        int run = is_ac ? symbol >> 4 : 0, size = is_ac ? symbol & 15 : symbol;
-        if (!entry || size > 15 || length + size > FAST_BITS) continue;
-        int value = size ? extend((peek >> (FAST_BITS - length - size)) & ((1 << size) - 1), size) : 0;
-        int step = size ? run + 1 : run == 15 ? 16 : 64;
-        table->fast_value[peek] = is_ac ? value * 65536 + step * 256 + length + size : value * 256 + length + size;
-    }
     memcpy(table->bits, from->bits, sizeof table->bits);
     memcpy(table->huffval, from->huffval, sizeof table->huffval);
     table->built = 1;
