@@ -18,9 +18,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
 
 typedef struct {
     int width, height, mcu_width, mcu_height, mcus_across, mcus_down;
@@ -85,19 +82,6 @@ static int restart_headers(restart_index *index, const unsigned char *data, size
     return 1;
 }
 
-/* The first 0xFF byte in [p, end), or NULL. Inline and 32 bytes a step: with a marker after every
- * MCU, they come every few dozen bytes, and memchr's call and set-up cost as much as the search. */
-static inline const unsigned char *next_ff(const unsigned char *p, const unsigned char *end) {
-#ifdef __AVX2__
-    const __m256i ff = _mm256_set1_epi8((char)0xFF);
-    for (; p + 32 <= end; p += 32) {
-        unsigned found = (unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)p), ff));
-        if (found) return p + __builtin_ctz(found);
-    }
-#endif
-    return memchr(p, 0xFF, (size_t)(end - p));
-}
-
 /* Indexes every MCU's segment of `data`; 1 on success, 0 when the JPEG is not one with a
  * restart marker after every MCU, ending at EOI (or memory ran out: then it is decoded whole). */
 static int restart_index_build(restart_index *index, const unsigned char *data, size_t size) {
@@ -115,7 +99,7 @@ static int restart_index_build(restart_index *index, const unsigned char *data, 
     index->segment_at[0] = (unsigned)index->scan_at;
     const unsigned char *p = data + index->scan_at, *end = data + size;
     for (;;) {
-        p = next_ff(p, end);
+        p = memchr(p, 0xFF, (size_t)(end - p));
         if (!p || p + 1 >= end) return 0;
         int next = p[1];
         if (next == 0x00) { p += 2; continue; }                   /* a stuffed 0xFF data byte */
