@@ -29,11 +29,11 @@ import numpy as np
 
 from pipeline.transforms.crops import CENTER_CROP_RATIO
 from pipeline.datasets import read_converted
-from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
 
 
 def ffcv_bare(config: dict):
     import pipeline.formats.ffcv_import  # noqa: F401 - first: FFCV without its typed-dict compile
+    from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD   # not at the top: torch comes with it, and decode_bound runs without
     from ffcv.fields.basics import IntDecoder
     from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
@@ -51,6 +51,7 @@ def ffcv_bare(config: dict):
 
 def dali_bare(config: dict):
     import torch
+    from pipeline.spec import IMAGENET_MEAN, IMAGENET_STD
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
     side, train = config["resolution"], config["split"] == "train"

@@ -48,16 +48,17 @@ def measure(config: dict) -> dict:
     """Runs in its own process: warm-up epoch, then timed epochs of one loader, or a bound."""
     if config.get("cores"):
         pin_to_cpus(config["cores"])            # before torch, DALI or a worker starts a thread
+    if config["kind"] == "decode_bound":        # without torch: the process starts in a fraction of the time
+        from benchmarks import bare_loaders
+        return bare_loaders.decode_bound(config["path"], config["split"])
     import torch
     torch.set_num_threads(config["workers"])
     if config["kind"] in FLOORS:
         from benchmarks import bare_loaders
         return bare_loaders.decode_floor(config["path"], config["split"], config["resolution"], config["workers"],
                                          config["batch_size"], config["epochs"])
-    if config["kind"] in BOUNDS:
+    if config["kind"] == "gpu_decode_bound":
         from benchmarks import bare_loaders
-        if config["kind"] == "decode_bound":
-            return bare_loaders.decode_bound(config["path"], config["split"])
         return bare_loaders.gpu_decode_bound(config["path"], config["split"], config["batch_size"])
     remote = config.get("remote")
     if remote:

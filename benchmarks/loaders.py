@@ -183,9 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     backends = list(args.backends)
     import torch
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -140,6 +140,13 @@ class LoaderRates:
 
     def __init__(self, rows: list[dict]):
         self.rows = [row for row in rows if row.get("benchmark") == "loaders" and "@" not in row.get("backend", "")]
+        # A projection asks for the same few curves hundreds of times (each instance, GPU count and side):
+        # rows are grouped once by what a curve selects on first, and each curve is built once.
+        self._by_backend_split: dict[tuple[str, str], list[tuple[str, dict]]] = {}
+        for row in self.rows:
+            self._by_backend_split.setdefault((row["backend"], row["split"]), []).append(
+                (cpu_family(row["hardware"]["cpu_model"]), row))
+        self._curves: dict[tuple, dict[int, dict[int, dict]]] = {}
 
     def kinds(self) -> list[tuple[str, str]]:
         return sorted({(cpu_family(row["hardware"]["cpu_model"]), row["hardware"].get("cpu_isa", "")) for row in self.rows})
@@ -147,19 +154,21 @@ class LoaderRates:
     def curve(self, family: str, isa: str, backend: str, split: str, instance: str = "") -> dict[int, dict[int, dict]]:
         """side -> cores -> the newest row at that many cores, of rows measured on `instance` if named,
         else on CPUs of this family and vector extension."""
-        name = LOADER_ROWS[backend]
+        key = (family, isa, backend, split, instance)
+        if key in self._curves:
+            return self._curves[key]
         curve: dict[int, dict[int, dict]] = {}
-        for row in self.rows:
+        for row_family, row in self._by_backend_split.get((LOADER_ROWS[backend], split), []):
             hardware = row["hardware"]
             on_it = (hardware.get("instance_type") == instance if instance else
-                     cpu_family(hardware["cpu_model"]) == family and hardware.get("cpu_isa", "") == isa)
-            if (row["backend"] != name or row["split"] != split or not on_it
-                    or (backend in GPU_DECODE and row.get("device") != "cuda")):
+                     row_family == family and hardware.get("cpu_isa", "") == isa)
+            if not on_it or (backend in GPU_DECODE and row.get("device") != "cuda"):
                 continue
             cores = row.get("cores") or hardware["cpu_cores"]
             at = curve.setdefault(row["resolution"], {})
             if cores not in at or row.get("unix_time", 0) >= at[cores].get("unix_time", 0):
                 at[cores] = row
+        self._curves[key] = curve
         return curve
 
     def rate(self, cpu: str, isa: str, backend: str, split: str, side: int, vcpus: float, instance: str = "") -> Figure:

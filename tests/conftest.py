@@ -91,8 +91,9 @@ def logging_as_in_a_process():
 
 def command_here(script: str, *args) -> int:
     """The exit code of tools/SCRIPT's command line (its `command`, else its `main`) called in this
-    process, for a run that needs no process of its own: no signal, no kill, no exit from inside."""
-    tool = importlib.import_module(Path(script).stem)
+    process, for a run that needs no process of its own: no signal, no kill, no exit from inside.
+    A script named with its folder (benchmarks/loaders.py) is that package's module."""
+    tool = importlib.import_module(script[:-3].replace("/", ".") if "/" in script else Path(script).stem)
     try:
         with logging_as_in_a_process():
             return (getattr(tool, "command", None) or tool.main)([str(arg) for arg in args])
@@ -107,6 +108,13 @@ def run_tool_here(capsys, script: str, *args, check: bool = False) -> subprocess
     if check and code != 0:
         raise AssertionError(f"{script} exited {code}:\n{output.err[-3000:]}")
     return subprocess.CompletedProcess([script, *map(str, args)], code, output.out, output.err)
+
+
+def loaders_here(capsys, monkeypatch, *args) -> subprocess.CompletedProcess:
+    """benchmarks/loaders.py ARGS run by run_tool_here from the repository's root, as the docs run it: the
+    processes it starts for its figures (`python -m benchmarks.loader_run`) find the package there."""
+    monkeypatch.chdir(ROOT)
+    return run_tool_here(capsys, "benchmarks/loaders.py", *args)
 
 
 def convert_here(script: str, *args) -> None:

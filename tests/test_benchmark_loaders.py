@@ -1,5 +1,6 @@
 """benchmarks/loaders.py end to end on the test photos: it converts what it needs, measures a
-bound, our backend and the bare FFCV and DALI loaders, and appends complete rows."""
+bound, our backend and the bare FFCV and DALI loaders, and appends complete rows. Its `main` runs
+in the test's process (`loaders_here`); each figure still has a process of its own."""
 from __future__ import annotations
 
 import json
@@ -10,18 +11,17 @@ from urllib.parse import unquote
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, loaders_here
 
 HARDWARE_KEYS = {"cpu_model", "cpu_cores", "ram_gb", "gpu_model", "gpu_count", "driver", "instance_type"}
 
 
-def test_loaders_benchmark_rows(sample_sets, tmp_path):
+def test_loaders_benchmark_rows(sample_sets, tmp_path, capsys, monkeypatch):
     backends = ["decode_bound", "decode_floor", "webdataset", "ffcv-bare", "dali-bare"]
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loaders.py"), "--source",
-                             str(sample_sets / "photos"), "--cache", str(tmp_path / "cache"), "--results-dir",
-                             str(tmp_path / "results"), "--backends", ",".join(backends), "--splits", "train",
-                             "--resolutions", "64", "--workers", "1", "--epochs", "1", "--batch-size", "16",
-                             "--instance-type", "test.2xlarge"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = loaders_here(capsys, monkeypatch, "--source", sample_sets / "photos", "--cache", tmp_path / "cache",
+                          "--results-dir", tmp_path / "results", "--backends", ",".join(backends), "--splits", "train",
+                          "--resolutions", "64", "--workers", "1", "--epochs", "1", "--batch-size", "16",
+                          "--instance-type", "test.2xlarge")
     assert result.returncode == 0, result.stderr[-3000:]
     [results] = (tmp_path / "results").glob("*.jsonl")
     assert results.name == "test.2xlarge.jsonl"
@@ -59,25 +59,22 @@ def test_loaders_benchmark_rows(sample_sets, tmp_path):
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA answer")
-def test_device_cuda_without_cuda_is_a_one_line_answer(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loaders.py"), "--device", "cuda",
-                             "--source", str(tmp_path / "not-made-yet"), "--results-dir", str(tmp_path)],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+def test_device_cuda_without_cuda_is_a_one_line_answer(tmp_path, capsys, monkeypatch):
+    result = loaders_here(capsys, monkeypatch, "--device", "cuda", "--source", tmp_path / "not-made-yet",
+                          "--results-dir", tmp_path)
     assert result.returncode == 2 and "CUDA is not available" in result.stderr.strip().splitlines()[-1]
     assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("cache", ["streamed", "kept"])
-def test_remote_rows_sit_beside_local_ones(sample_sets, tmp_path, cache):
+def test_remote_rows_sit_beside_local_ones(sample_sets, tmp_path, cache, capsys, monkeypatch):
     """--remote http --latency-ms: each webdataset figure again from nginx behind the latency proxy,
     streamed through a cache half the split (or filling one twice its size in the first epoch),
     with its share of local disk's, the bytes and requests per epoch and the first batch's time."""
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loaders.py"), "--source",
-                             str(sample_sets / "photos"), "--cache", str(tmp_path / "cache"), "--results-dir",
-                             str(tmp_path / "results"), "--backends", "webdataset", "--splits", "val",
-                             "--val-resolutions", "64", "--workers", "1", "--epochs", "1", "--batch-size", "16",
-                             "--remote", "http", "--latency-ms", "5", "--remote-cache", cache], capture_output=True,
-                            text=True, timeout=600, cwd=ROOT)
+    result = loaders_here(capsys, monkeypatch, "--source", sample_sets / "photos", "--cache", tmp_path / "cache",
+                          "--results-dir", tmp_path / "results", "--backends", "webdataset", "--splits", "val",
+                          "--val-resolutions", "64", "--workers", "1", "--epochs", "1", "--batch-size", "16",
+                          "--remote", "http", "--latency-ms", "5", "--remote-cache", cache)
     assert result.returncode == 0, result.stderr[-3000:]
     [results] = (tmp_path / "results").glob("*.jsonl")
     rows = {row["backend"]: row for row in map(json.loads, results.read_text().splitlines())}
@@ -160,15 +157,14 @@ def test_loader_start_benchmark_sets_this_tree_against_a_revision(tmp_path):
         assert row["seconds"] > 0 and row["seconds_against"] > 0 and HARDWARE_KEYS <= set(row["hardware"])
 
 
-def test_rounds_alternate_and_keep_the_median_round(sample_sets, tmp_path):
+def test_rounds_alternate_and_keep_the_median_round(sample_sets, tmp_path, capsys, monkeypatch):
     """--rounds 2: each backend measured twice in turn at each resolution, the decode bound too
     (then beside each resolution's loaders, not once per split); the median round's figures kept
     with every round's img/s beside them, and the share taken against that resolution's bound."""
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loaders.py"), "--source",
-                             str(sample_sets / "photos"), "--cache", str(tmp_path / "cache"), "--results-dir",
-                             str(tmp_path / "results"), "--backends", "decode_bound,decode_floor", "--splits", "train",
-                             "--resolutions", "32,48", "--workers", "1", "--epochs", "1", "--batch-size", "16",
-                             "--rounds", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = loaders_here(capsys, monkeypatch, "--source", sample_sets / "photos", "--cache", tmp_path / "cache",
+                          "--results-dir", tmp_path / "results", "--backends", "decode_bound,decode_floor",
+                          "--splits", "train", "--resolutions", "32,48", "--workers", "1", "--epochs", "1",
+                          "--batch-size", "16", "--rounds", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "the median of 2 alternating rounds" in result.stdout
     rows = {(row["backend"], row["resolution"]): row

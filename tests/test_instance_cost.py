@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import sys
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 import instance_cost
 from benchmarks.instance_catalog import CATALOG, FIELDS, CatalogError, load_catalog
 from benchmarks.measured_figures import LoaderRates, along_cores, gpu_model, result_rows
-from conftest import ROOT
+from conftest import ROOT, loaders_here
 
 H100 = {"cpu_model": "Intel(R) Xeon(R) Processor", "cpu_isa": "avx512", "cpu_cores": 16,
         "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 1}
@@ -235,12 +234,10 @@ def test_the_shipped_catalog_parses_and_dates_every_price(tmp_path):
     assert gpu_model("NVIDIA A100-SXM4-40GB") == "A100-40GB" and gpu_model("NVIDIA L4") == "L4"
 
 
-def test_the_scaling_rows_come_from_the_loader_benchmark_at_1_and_2_cores(sample_sets, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "benchmarks.loaders", "--source", str(sample_sets / "photos"),
-                             "--cache", str(tmp_path / "cache"), "--results-dir", str(tmp_path / "results"),
-                             "--backends", "webdataset", "--splits", "train", "--resolutions", "64",
-                             "--cores", "1,2", "--epochs", "1", "--batch-size", "16"],
-                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+def test_the_scaling_rows_come_from_the_loader_benchmark_at_1_and_2_cores(sample_sets, tmp_path, capsys, monkeypatch):
+    result = loaders_here(capsys, monkeypatch, "--source", sample_sets / "photos", "--cache", tmp_path / "cache",
+                          "--results-dir", tmp_path / "results", "--backends", "webdataset", "--splits", "train",
+                          "--resolutions", "64", "--cores", "1,2", "--epochs", "1", "--batch-size", "16")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = result_rows(tmp_path / "results")
     assert [(row["cores"], row["workers"]) for row in rows] == [(1, 1), (2, 2)]
