@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,7 @@ def test_a_killed_upload_leaves_no_manifest_and_the_rerun_resumes(sample_sets, b
     try:
         while not client.list_objects_v2(Bucket=name, Prefix="wds/", MaxKeys=1).get("KeyCount"):
             assert process.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+            time.sleep(0.05)            # each listing costs moto's server CPU that the upload needs
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
