@@ -23,8 +23,7 @@ RECIPES = sorted(path for path in (ROOT / "algorithms" / "recipes").glob("*.yaml
 
 # ResNet-50 itself trains in the recipe whose algorithms hold every other ResNet-50 recipe's (checked
 # below); the others run their own settings and schedules on the small ResNet. On a 2-core CPU a
-# ResNet-50 step costs about half a second whatever the side (its 25M parameters), so each recipe on
-# it took 8-10 s of the test.
+# ResNet-50 step costs about half a second whatever the side (its 25M parameters): 8-10 s a recipe.
 FULL_RESNET50 = "resnet50_hot"
 
 
