@@ -149,7 +149,8 @@ class LoaderRates:
         self._curves: dict[tuple, dict[int, dict[int, dict]]] = {}
 
     def kinds(self) -> list[tuple[str, str]]:
-        return sorted({(cpu_family(row["hardware"]["cpu_model"]), row["hardware"].get("cpu_isa", "")) for row in self.rows})
+        return sorted({(family, row["hardware"].get("cpu_isa", "")) for rows in self._by_backend_split.values()
+                       for family, row in rows})
 
     def curve(self, family: str, isa: str, backend: str, split: str, instance: str = "") -> dict[int, dict[int, dict]]:
         """side -> cores -> the newest row at that many cores, of rows measured on `instance` if named,
