@@ -2,7 +2,7 @@
 test's process where a run needs no process of its own; the sample sets, made once per run for all
 pytest-xdist workers; the `alone` mark, for tests whose figures must not share the CPU with another
 worker's test; a small real file system to fill (`tmpfs`, `fill`); and the hooks that end a test
-past its time limit (`suite_timeouts.py`)."""
+past its time limit (`suite_timeouts.py`) and report each test's CPU (`cpu_report.py`)."""
 from __future__ import annotations
 
 import contextlib
@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from cpu_report import (pytest_addoption, pytest_runtest_protocol, pytest_sessionstart,  # noqa: F401 (pytest's hooks)
+                        pytest_terminal_summary)
 from suite_timeouts import pytest_runtest_logreport, pytest_timeout_set_timer  # noqa: F401 (pytest's hooks)
 
 ROOT = Path(__file__).resolve().parents[1]
