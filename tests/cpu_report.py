@@ -11,7 +11,6 @@ RUSAGE_CHILDREN): a process a test leaves running is counted where it is reaped,
 from __future__ import annotations
 
 import json
-import os
 import resource
 import time
 from pathlib import Path
