@@ -1,4 +1,4 @@
-"""`pytest --cpu-report FILE`: the CPU time each test costs, its own process's and that of the processes
+"""`pytest --cpu-report=FILE`: the CPU time each test costs, its own process's and that of the processes
 it started and waited for (a torchrun, its ranks, a tool), as pytest hooks that tests/conftest.py
 takes in. On a 2-core machine the suite is CPU-bound, so CPU, not a test's wall time (which
 another worker's test stretches), says where its minutes go.
@@ -7,6 +7,9 @@ Each test's row is appended to FILE as a JSON line by the worker that ran it (`t
 `own_cpu_s`, `children_cpu_s`); the run's end prints the heaviest and the total. A child's CPU
 counts once it has been waited for, with that of its own waited-for descendants (getrusage's
 RUSAGE_CHILDREN): a process a test leaves running is counted where it is reaped, or not at all.
+
+The `=` matters: pytest reads a separate FILE as the path of the tests to run, before it loads
+tests/conftest.py, which declares the option; it then finds no conftest and stops at the option.
 """
 from __future__ import annotations
 

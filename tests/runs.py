@@ -5,7 +5,7 @@ A process costs the suite more than the tiny run in it: on a 2-core AMD EPYC wit
 `import torch` takes 3.3 s, and a training process's first optimizer 2.4 s more (torch.optim's
 `add_param_group` imports torch._dynamo). A 2-rank torchrun of a run that trains for 2.9 s takes
 11.7 s. So tests share launches where they can (conftest's `straight_run`, tests/recipes_run.py).
-`pytest --cpu-report FILE` (tests/cpu_report.py) says which tests cost the suite most."""
+`pytest --cpu-report=FILE` (tests/cpu_report.py) says which tests cost the suite most."""
 from __future__ import annotations
 
 import json

@@ -49,7 +49,7 @@ def test_a_hung_test_fails_by_name_and_the_rest_still_run(tmp_path):
     # cpu_report), with a 5 s limit instead of the suite's.
     command = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
                "-p", "suite_timeouts", "-p", "cpu_report", "-p", "no:cacheprovider", "--timeout", "5",
-               "--cpu-report", str(cpu_report), str(tmp_path / "test_hung.py")]
+               f"--cpu-report={cpu_report}", str(tmp_path / "test_hung.py")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
