@@ -446,6 +446,31 @@ def test_bytes_fetched_are_those_of_the_samples_read(converted_sets, photos_serv
     assert fetched < shards_total
 
 
+def answered_sizes(server, after: int) -> list[int]:
+    """The body sizes of the server's answers, in the order it finished them, from answer `after` on."""
+    return [int(line.split('"')[2].split()[1]) for line in server.access_log.read_text().splitlines()[after:]]
+
+
+@pytest.mark.parametrize("cache_limit", [None, 1], ids=["kept", "streamed"])
+def test_an_epochs_first_batch_is_fetched_as_its_samples_before_any_block(converted_sets, photos_server, tmp_path,
+                                                                           cache_limit):
+    """Where its blocks are not held, an epoch's first batch reads its samples' own ranges, all
+    answered before the read-ahead asks for a block, and equals local disk's; an epoch whose blocks
+    the cache holds fetches nothing."""
+    expected = batches(build_loader(spec(converted_sets["photos"]["webdataset"])))
+    loader = build_loader(spec(f"{photos_server.url}/photos_wds", cache_dir=tmp_path, cache_limit=cache_limit))
+    built = photos_server.requests()
+    assert_same(expected, batches(loader))
+    starts, ends = sample_spans(loader.stored.members)
+    first, read = loader._plan[0], np.concatenate(loader._plan)
+    answered = answered_sizes(photos_server, built)
+    assert sorted(answered[:len(first)]) == sorted((ends - starts)[first].tolist())
+    assert sum(answered[len(first):]) >= (ends - starts)[read].sum()        # then the blocks, the first batch's too
+    held = photos_server.requests()
+    assert_same(batches(build_loader(spec(converted_sets["photos"]["webdataset"])), epoch=1), batches(loader, epoch=1))
+    assert cache_limit is not None or photos_server.requests() == held      # kept: every block on disk
+
+
 def test_an_epoch_read_ahead_starts_with_the_first_batches_blocks_then_widens():
     """Before the first batch is handed out, only the blocks of the first MIN_WINDOW batches are
     fetched (on few cores, fetching the whole window beside them slows their decode); the reach

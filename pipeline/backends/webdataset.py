@@ -57,7 +57,8 @@ class WebDatasetLoader(Loader):
         return len(self._plan)
 
     def _batches(self, epoch: int, start: int):
-        self.stored.read_ahead(self._plan, start, following=lambda: self.stored.epoch_batches(self.spec, epoch + 1))
+        self.stored.read_ahead(self._plan, start, following=lambda: self.stored.epoch_batches(self.spec, epoch + 1),
+                               first_batch_located=self.engine is not None)
         try:
             yield from self._decoded_batches(epoch, start)
         finally:

@@ -64,6 +64,9 @@ class BlockSource(Protocol):
     def read(self, block: int, first: int, end: int) -> bytes:
         """The bytes from `first` to `end` (offsets in its shard) of a block."""
 
+    def holds(self, reads: BlockReads) -> bool:
+        """Whether every block read is held here or on its way."""
+
     def read_ahead(self, plan: list[np.ndarray], start: int,
                    following: Callable[[], list[np.ndarray]] | None = None) -> None:
         """Starts fetching the blocks of plan[start:] in the background (stopping any earlier
@@ -177,6 +180,9 @@ class SplitSources:
     def held(self, reads: BlockReads):
         return self.serving.held(reads)
 
+    def holds(self, reads: BlockReads) -> bool:
+        return self.serving.holds(reads)
+
     def read(self, block: int, first: int, end: int) -> bytes:
         return self.serving.read(block, first, end)
 
@@ -239,6 +245,9 @@ class DiskBlocks(ReadsAhead):
         with self._open.held(self._wanted(reads.blocks.tolist())) as fds:
             yield np.array(fds, np.int32), np.zeros(len(fds), np.uint64)
 
+    def holds(self, reads: BlockReads) -> bool:
+        return len(self.already_held(reads.blocks.tolist())) == len(reads.blocks)
+
     def read(self, block: int, first: int, end: int) -> bytes:
         with self._open.held(self._wanted([block])) as fds:
             return os.pread(fds[0], end - first, first - int(self.split.plan.block_start[block]))
@@ -291,6 +300,9 @@ class FetchProcessBlocks(Streamed):
         with self.memory.holding(reads.blocks[missing].tolist()) as (held, _):
             addresses[missing] = held
             yield fds, addresses
+
+    def holds(self, reads: BlockReads) -> bool:
+        return self.shared is not None and self.shared.has(reads.blocks, *reads.spans)
 
     def read(self, block: int, first: int, end: int) -> bytes:
         # In the fetch process's memory, the block stays while the batch reading the sample is not handed out

@@ -118,6 +118,11 @@ class MemoryBlocks(ReadsAhead, Streamed):
         with self.holding(reads.blocks.tolist()) as (addresses, _):
             yield np.full(len(addresses), -1, np.int32), np.array(addresses, np.uint64)
 
+    def holds(self, reads: BlockReads) -> bool:
+        """Whether every block read is here or on its way."""
+        with self._lock:
+            return all(block in self._blocks for block in reads.blocks.tolist())
+
     def read(self, block: int, first: int, end: int) -> bytes:
         """The bytes from `first` to `end` (offsets in its shard) of a block."""
         with self.holding([block]) as (_, buffers):

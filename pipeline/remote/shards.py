@@ -12,7 +12,8 @@ block sources' (`pipeline/remote/block_sources.py`, which chooses): the node's c
 split that fits in it, memory for a larger one, which streams through it, fetched again each epoch. When an epoch
 starts, the blocks of the coming batches are fetched in the order of their first use, several
 requests at once, at most `ahead_bytes` ahead of the batch being consumed, so latency is hidden
-and the cache is never flooded.
+and the cache is never flooded. An epoch's first batch, where its blocks are not held, reads its
+samples' own ranges, fetched before the read-ahead starts (`pipeline/remote/first_batch.py`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pipeline.errors import FAILS_CHECKSUM, CorruptSample
 from pipeline.formats.converted import Shard
 from pipeline.remote.block_plan import BLOCK_BYTES, MIN_WINDOW, BlockPlan
 from pipeline.remote.block_sources import LEAST_STREAMED_REQUESTS, MOST_STREAMED_REQUESTS, SplitBlocks, SplitSources
+from pipeline.remote.first_batch import FirstBatch
 from pipeline.shards.index import StoredShards
 from pipeline.spec import parse_size
 
@@ -51,6 +53,7 @@ class RemoteShards(StoredShards):
         self.block_of, self.block_start, self.block_end = plan.block_of, plan.block_start, plan.block_end
         self.block_shard, self.split_bytes = plan.block_shard, plan.split_bytes
         self.sources = SplitSources(SplitBlocks(plan, shards, source))
+        self._first_batch: FirstBatch | None = None
 
     @property
     def in_memory(self) -> bool:
@@ -59,6 +62,10 @@ class RemoteShards(StoredShards):
 
     @contextmanager
     def located(self, ids: np.ndarray):
+        first, self._first_batch = self._first_batch, None
+        if first is not None and first.is_for(ids):
+            yield first.samples
+            return
         reads = self.block_plan.reads(ids)
         with self.sources.held(reads) as (fds, bases):
             base = self.block_start[self.block_of[ids]]
@@ -99,10 +106,19 @@ class RemoteShards(StoredShards):
                             f"fetched {HEALING_FETCHES} more times")
 
     def read_ahead(self, plan: list[np.ndarray], start: int,
-                   following: Callable[[], list[np.ndarray]] | None = None) -> None:
+                   following: Callable[[], list[np.ndarray]] | None = None, first_batch_located: bool = False) -> None:
         """Starts fetching the blocks of plan[start:] in the background (stopping any earlier
         read-ahead), and then those that `following()`, the next epoch's plan, reads first, so that
-        an epoch streamed through memory starts without waiting."""
+        an epoch streamed through memory starts without waiting. first_batch_located: batch
+        `start` is read by `located`; its samples are fetched alone first where its blocks are not held."""
+        self._first_batch = None
+        if first_batch_located and start < len(plan) and not self.sources.holds(self.block_plan.reads(plan[start])):
+            try:
+                self._first_batch = FirstBatch(plan[start], self.source.store,
+                                               [shard.object_name for shard in self.shards], self.shard_of,
+                                               self.members, self.checksums)
+            except Exception as error:   # noqa: BLE001 - the batch reads its blocks, whose fetch reports what fails
+                log.debug("the first batch's samples, fetched alone: %s", error)
         self.sources.read_ahead(plan, start, following)
 
     def consumed(self, batch_index: int) -> None:
@@ -111,6 +127,7 @@ class RemoteShards(StoredShards):
         self.sources.consumed(batch_index)
 
     def stop_read_ahead(self) -> None:
+        self._first_batch = None
         self.sources.stop_read_ahead()
 
     def close(self) -> None:

@@ -159,6 +159,11 @@ class SharedBlocks:
             states = self._wait(blocks, states, starts, ends)
         return np.where(states >= 0, self.arena_address + states.astype(np.int64) * self.slot_bytes, 0).astype(np.uint64)
 
+    def has(self, blocks: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bool:
+        """Whether the fetcher holds the blocks' bytes read (offsets in their shards), or is fetching them."""
+        states = self._states(blocks, starts, ends)
+        return bool(((states >= 0) | (states == FETCHING)).all())
+
     def _states(self, blocks: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """The blocks' states, OTHER_VISIT where a block is held for bytes other than those read
         (its earlier visit, which the fetcher has yet to let go). The states are read again after

@@ -130,9 +130,10 @@ class StoredShards:
             ids = np.concatenate([ids, rest[rank::world][:len(rest) // world]])
         return ids
 
-    def read_ahead(self, plan: list[np.ndarray], start: int, following=None) -> None:
+    def read_ahead(self, plan: list[np.ndarray], start: int, following=None, first_batch_located: bool = False) -> None:
         """An epoch's plan is about to be read from batch `start` on (and `following()` gives the
-        next one's); a reader that fetches ahead (pipeline/remote/shards.py) starts here."""
+        next one's; batch `start` is read by `located` where first_batch_located); a reader that
+        fetches ahead (pipeline/remote/shards.py) starts here."""
 
     def stop_read_ahead(self) -> None:
         pass
