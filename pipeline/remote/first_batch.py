@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from pipeline.decode import engine as decode_engine
+from pipeline.formats.converted import Shard
 from pipeline.remote.block_plan import sample_spans
 
 MOST_AT_ONCE = 256     # requests at once: a batch's samples, each its own
@@ -24,7 +25,7 @@ class FirstBatch:
     """The samples of one batch, fetched by range, each its own piece of memory; `samples` says
     where they lie for the decode engine while this is alive."""
 
-    def __init__(self, ids: np.ndarray, store, object_names: list[str], shard_of: np.ndarray, members: np.ndarray,
+    def __init__(self, ids: np.ndarray, store, shards: list[Shard], shard_of: np.ndarray, members: np.ndarray,
                  checksums: np.ndarray | None):
         """Fetches the samples `ids`, a request each, all at once: a store answers a request for
         several ranges of an object a few at a time (obstore's get_ranges), a round trip each few;
@@ -32,7 +33,7 @@ class FirstBatch:
         self.ids = ids
         members = members[ids]
         starts, ends = sample_spans(members)
-        requests = [(object_names[shard], [(start, end)])
+        requests = [(shards[shard].object_name, [(start, end)])
                     for shard, start, end in zip(shard_of[ids].tolist(), starts.tolist(), ends.tolist())]
         with ThreadPoolExecutor(min(MOST_AT_ONCE, len(requests)), thread_name_prefix="first-batch") as pool:
             views = list(pool.map(lambda request: store.read_ranges(*request)[0], requests))

@@ -114,9 +114,8 @@ class RemoteShards(StoredShards):
         self._first_batch = None
         if first_batch_located and start < len(plan) and not self.sources.holds(self.block_plan.reads(plan[start])):
             try:
-                self._first_batch = FirstBatch(plan[start], self.source.store,
-                                               [shard.object_name for shard in self.shards], self.shard_of,
-                                               self.members, self.checksums)
+                self._first_batch = FirstBatch(plan[start], self.source.store, self.shards, self.shard_of, self.members,
+                                               self.checksums)
             except Exception as error:   # noqa: BLE001 - the batch reads its blocks, whose fetch reports what fails
                 log.debug("the first batch's samples, fetched alone: %s", error)
         self.sources.read_ahead(plan, start, following)
