@@ -585,6 +585,50 @@ def test_the_fetch_process_fetches_each_visit_and_lets_the_block_go_between(tmp_
         server.stop()
 
 
+def test_the_set_up_and_plans_do_not_wait_for_the_fetch_process_to_read_them(tmp_path):
+    """A set-up message larger than a socket holds (here 2 MB: a block table at ImageNet's size,
+    or a CA bundle) and a plan are handed over at once, though the fetch process is stopped before
+    reading a byte: the loader goes on with its first batch while the process loads. Resumed,
+    it reads them in order and fetches the plan."""
+    from benchmarks.loopback_servers import Nginx
+    from pipeline.storage.object_store import open_store
+    from pipeline.remote.block_plan import Visits
+    from pipeline.remote.block_fetcher import FetcherSettings
+    from pipeline.remote.shared_blocks import FetchProcess, SharedBlocks
+    block, blocks, planned = 64, 100_000, 40
+    data = np.random.default_rng(2).integers(0, 256, block * blocks, dtype=np.uint8).tobytes()
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "many.bin").write_bytes(data)
+    server = Nginx(tmp_path / "served", tmp_path / "nginx")
+    store = open_store(server.url)
+    starts = np.arange(blocks, dtype=np.int64) * block
+    process = FetchProcess()
+    os.kill(process.process.pid, signal.SIGSTOP)
+    made = {}
+
+    def set_up_and_plan():
+        made["shared"] = SharedBlocks(FetcherSettings(store.url, store.options, ["many.bin"], np.zeros(blocks, np.int32),
+                                                      starts, starts + block, block, 64, 16, 16), process)
+        made["shared"].plan(Visits(*(np.arange(planned),) * 3, starts[:planned], starts[:planned] + block), 8, -1)
+    handing_over = threading.Thread(target=set_up_and_plan, daemon=True)
+    handing_over.start()
+    handing_over.join(timeout=30)
+    waited = handing_over.is_alive()
+    os.kill(process.process.pid, signal.SIGCONT)
+    handing_over.join()
+    shared = made["shared"]
+    try:
+        assert not waited, "the set-up waited for the fetch process to read it"
+        for b in range(planned):
+            [address] = shared.addresses(np.array([b]), starts[b:b + 1], starts[b:b + 1] + block)
+            assert address and shared.view(b) == data[b * block:(b + 1) * block], b
+            shared.at(b)
+    finally:
+        shared.close()
+        server.stop()
+    assert process.process.poll() == 0          # told to stop after what was sent before, it ended
+
+
 def test_a_prefix_without_manifest_and_a_bad_server_are_one_line_errors(converted_sets, tmp_path):
     from benchmarks.loopback_servers import Nginx
     served = tmp_path / "served"

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from dataclasses import asdict
@@ -45,6 +47,40 @@ ISSUE_PATIENCE_S = 2        # for it to begin fetching a block of the plan it ha
 OTHER_VISIT = -4            # a state seen here only: the block is held for other bytes than those read
 
 
+class ControlSender:
+    """The loader's messages to the fetch process, sent in order by a thread of their own. A
+    socket holds about 200 KB, and a set-up message (a CA bundle alone is 220 KB) or a plan (MBs
+    at ImageNet's size) is larger: sent by the loader, it would wait for the process to read it,
+    which at the first plan is still loading its libraries while the first batch waits.
+    `send` raises OSError once a send has failed: the process has ended."""
+
+    def __init__(self, connection: Connection):
+        self._connection = connection
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._failed: OSError | None = None
+        self._thread = threading.Thread(target=self._send_in_turn, name="fetch-process-control", daemon=True)
+        self._thread.start()
+
+    def send(self, message: tuple) -> None:
+        if self._failed is not None:
+            raise self._failed
+        self._queue.put(message)
+
+    def _send_in_turn(self) -> None:
+        while (message := self._queue.get()) is not None:
+            try:
+                self._connection.send(message)
+            except OSError as error:
+                self._failed = error
+                return
+
+    def close(self) -> None:
+        """Sends what is queued (a process that ended refuses it at once), then closes the socket."""
+        self._queue.put(None)
+        self._thread.join()
+        self._connection.close()
+
+
 class FetchProcess:
     """The fetch process, started with its shared memory still empty: `SharedBlocks` sizes it and
     sets the process up once the first plan says how many slots it needs. One dropped without
@@ -53,7 +89,7 @@ class FetchProcess:
     def __init__(self):
         self.memory_fd = os.memfd_create("fastpipe-blocks", os.MFD_CLOEXEC)
         ours, theirs = socket.socketpair()
-        self.control = Connection(ours.detach())
+        connection = Connection(ours.detach())
         wake_read, self.wake = os.pipe()
         os.set_blocking(self.wake, False)
         fds = (theirs.fileno(), wake_read, self.memory_fd)
@@ -63,13 +99,14 @@ class FetchProcess:
                                             stdin=subprocess.DEVNULL, close_fds=True,
                                             env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
         except OSError:
-            self.control.close()
+            connection.close()
             os.close(self.wake)
             os.close(self.memory_fd)
             raise
         finally:      # the process's copies: ours would keep its end of each open
             theirs.close()
             os.close(wake_read)
+        self.control = ControlSender(connection)
         self.started = time.monotonic()
         self._stop = weakref.finalize(self, _stop_process, os.getpid(), self.process, self.control, self.wake,
                                       self.memory_fd)
@@ -79,20 +116,20 @@ class FetchProcess:
         self._stop()
 
 
-def _stop_process(pid: int, process: subprocess.Popen, control: Connection, wake: int, memory_fd: int) -> None:
+def _stop_process(pid: int, process: subprocess.Popen, control: ControlSender, wake: int, memory_fd: int) -> None:
     if os.getpid() != pid:      # a forked child's copy: not its to close
         return
     try:
         control.send(("stop",))
     except OSError:       # it ended already
         pass
-    control.close()
-    os.close(wake)
     try:
         process.wait(timeout=5)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    control.close()
+    os.close(wake)
     os.close(memory_fd)
 
 
@@ -133,6 +170,8 @@ class SharedBlocks:
         visits = visits.select(fits)
         while window > 1 and most_held(visits.first, visits.last, window) > self.slots:
             window //= 2
+        if not self.alive:
+            raise OSError("the fetch process has ended")
         self.planned[:] = False
         self.planned[visits.blocks] = True
         self.header[POSITION] = position
