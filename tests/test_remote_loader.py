@@ -538,25 +538,33 @@ def test_reads_either_side_of_the_next_epoch_are_one_visit_only_when_read_at_onc
     assert parted.first.tolist() == [0, 5] and parted.start.tolist() == [0, 100]
 
 
+def one_object_in_blocks(tmp_path, block: int, blocks: int):
+    """(its bytes, the nginx serving it, the fetch process's settings for it): one object of
+    `blocks` random blocks of `block` bytes, 64 slots of a block, 16 requests in flight."""
+    from benchmarks.loopback_servers import Nginx
+    from pipeline.remote.block_fetcher import FetcherSettings
+    from pipeline.storage.object_store import open_store
+    data = np.random.default_rng(blocks).integers(0, 256, block * blocks, dtype=np.uint8).tobytes()
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "blocks.bin").write_bytes(data)
+    server = Nginx(tmp_path / "served", tmp_path / "nginx")
+    store = open_store(server.url)
+    starts = np.arange(blocks, dtype=np.int64) * block
+    return data, server, FetcherSettings(store.url, store.options, ["blocks.bin"], np.zeros(blocks, np.int32), starts,
+                                         starts + block, block, 64, 16, 16)
+
+
 def test_the_fetch_process_fetches_each_visit_and_lets_the_block_go_between(tmp_path):
     """A block visited twice is fetched twice, each time only the bytes of its visit, put where
     they lie in the block; it is not held between the visits, and a visit that comes within the
     window while the one before is still read waits for it to end. A batch of the later visit
     waits while the block still holds the earlier one's bytes."""
-    from benchmarks.loopback_servers import Nginx
-    from pipeline.storage.object_store import open_store
     from pipeline.remote.block_plan import Visits
-    from pipeline.remote.block_fetcher import FetcherSettings
     from pipeline.remote.shared_blocks import SharedBlocks
     block, blocks = 64 << 10, 40
-    data = np.random.default_rng(1).integers(0, 256, block * blocks, dtype=np.uint8).tobytes()
-    (tmp_path / "served").mkdir()
-    (tmp_path / "served" / "big.bin").write_bytes(data)
-    server = Nginx(tmp_path / "served", tmp_path / "nginx")
-    store = open_store(server.url)
-    starts = np.arange(blocks, dtype=np.int64) * block
-    shared = SharedBlocks(FetcherSettings(store.url, store.options, ["big.bin"], np.zeros(blocks, np.int32), starts,
-                                          starts + block, block, 64, 16, 16))
+    data, server, settings = one_object_in_blocks(tmp_path, block, blocks)
+    starts = settings.block_start
+    shared = SharedBlocks(settings)
     # (block, first batch, last batch, first byte, end byte): block 0's first quarter read by batch 0,
     # its second half by batch 30; block 1's halves by batches 1-10 and 12; block i by batch i
     planned = sorted([(0, 0, 0, 0, block // 4), (0, 30, 30, block // 2, block), (1, 1, 10, block, block * 3 // 2),
@@ -590,25 +598,17 @@ def test_the_set_up_and_plans_do_not_wait_for_the_fetch_process_to_read_them(tmp
     or a CA bundle) and a plan are handed over at once, though the fetch process is stopped before
     reading a byte: the loader goes on with its first batch while the process loads. Resumed,
     it reads them in order and fetches the plan."""
-    from benchmarks.loopback_servers import Nginx
-    from pipeline.storage.object_store import open_store
     from pipeline.remote.block_plan import Visits
-    from pipeline.remote.block_fetcher import FetcherSettings
     from pipeline.remote.shared_blocks import FetchProcess, SharedBlocks
     block, blocks, planned = 64, 100_000, 40
-    data = np.random.default_rng(2).integers(0, 256, block * blocks, dtype=np.uint8).tobytes()
-    (tmp_path / "served").mkdir()
-    (tmp_path / "served" / "many.bin").write_bytes(data)
-    server = Nginx(tmp_path / "served", tmp_path / "nginx")
-    store = open_store(server.url)
-    starts = np.arange(blocks, dtype=np.int64) * block
+    data, server, settings = one_object_in_blocks(tmp_path, block, blocks)
+    starts = settings.block_start
     process = FetchProcess()
     os.kill(process.process.pid, signal.SIGSTOP)
     made = {}
 
     def set_up_and_plan():
-        made["shared"] = SharedBlocks(FetcherSettings(store.url, store.options, ["many.bin"], np.zeros(blocks, np.int32),
-                                                      starts, starts + block, block, 64, 16, 16), process)
+        made["shared"] = SharedBlocks(settings, process)
         made["shared"].plan(Visits(*(np.arange(planned),) * 3, starts[:planned], starts[:planned] + block), 8, -1)
     handing_over = threading.Thread(target=set_up_and_plan, daemon=True)
     handing_over.start()
