@@ -1,17 +1,18 @@
 """Direct range reads (`pipeline/storage/direct_ranges.py`) against real servers on
 loopback: nginx over http and through the S3 API (URLs signed by obstore), and Python's own
-http.server, which ignores Range; where they are not used at all."""
+http.server, which ignores Range, and a server of crafted answers; where they are not used at all."""
 from __future__ import annotations
 
 import functools
 import http.server
+import socketserver
 import threading
 
 import numpy as np
 import pytest
 
 from benchmarks.loopback_servers import Nginx
-from pipeline.storage.direct_ranges import FAILURES_IN_A_ROW, DirectRanges, direct_ranges
+from pipeline.storage.direct_ranges import FAILURES_IN_A_ROW, DirectRanges, _host_header, direct_ranges
 from pipeline.storage.object_store import open_store
 
 RANGES = [(0, 1), (5, 70_000), (123_456, 200_000), (299_999, 300_000)]
@@ -115,3 +116,65 @@ def test_not_used_where_a_proxy_is_set_for_the_host_or_the_url_has_a_query(serve
     assert direct_ranges(store.client, store.client_url, store.options) is None
     monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
     assert direct_ranges(store.client, store.client_url, store.options) is not None
+
+
+class _CraftedAnswers(socketserver.StreamRequestHandler):
+    """Answers each GET with the next of the server's `answers` (a function of the range asked
+    for), as a server other than nginx might: the connections it accepted are counted."""
+
+    def handle(self):
+        self.server.connections += 1
+        while (request := self.rfile.readline()).startswith(b"GET "):
+            headers = {}
+            while (line := self.rfile.readline()) not in (b"\r\n", b""):
+                key, _, value = line.decode("latin-1").partition(":")
+                headers[key.strip().lower()] = value.strip()
+            start, end = map(int, headers["range"].removeprefix("bytes=").split("-"))
+            self.server.hosts.append(headers["host"])
+            self.wfile.write(self.server.answers.pop(0)(start, end + 1))
+
+
+def test_answers_that_close_the_connection_or_come_in_chunks_are_read_or_refused(tmp_path):
+    """A 206 saying `Connection: close` is read, and the next read opens a connection of its own;
+    a chunked or compressed one is an OSError (the caller reads the range through obstore)."""
+    data = bytes(range(256)) * 4
+
+    def partial(*extra: str):
+        def answer(start, end):
+            head = ["HTTP/1.1 206 Partial Content", f"Content-Range: bytes {start}-{end - 1}/{len(data)}",
+                    f"Content-Length: {end - start}", *extra]
+            return ("\r\n".join(head) + "\r\n\r\n").encode() + data[start:end]
+        return answer
+
+    def chunked(start, end):
+        body = data[start:end]
+        return (f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{end - 1}/{len(data)}\r\n"
+                f"Transfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n").encode() + body + b"\r\n0\r\n\r\n"
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _CraftedAnswers)
+    server.daemon_threads, server.connections, server.hosts = True, 0, []
+    server.answers = [partial(), partial("Connection: close"), chunked, partial("Content-Encoding: gzip"), partial()]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        store = open_store(url)
+        reader = direct_ranges(store.client, store.client_url, store.options)
+        assert read(reader, "shard.tar", 0, 100) == data[:100]
+        assert read(reader, "shard.tar", 100, 1000) == data[100:1000]       # then closed by the server
+        for failures in (1, 2):         # each on a connection opened for it: not read again here
+            with pytest.raises(OSError, match="HTTP 206 .* for a range request"):
+                read(reader, "shard.tar", 5, 10)
+            assert reader.failures == failures
+        assert read(reader, "shard.tar", 1000, 1024) == data[1000:1024]
+        assert server.connections == 4 and reader.failures == 0
+        assert server.hosts == [f"127.0.0.1:{server.server_address[1]}"] * 5
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_host_header_names_the_port_only_where_it_is_not_the_schemes_own():
+    assert _host_header("https", "s3.amazonaws.com", 443) == "s3.amazonaws.com"
+    assert _host_header("http", "127.0.0.1", 80) == "127.0.0.1"
+    assert _host_header("http", "127.0.0.1", 9000) == "127.0.0.1:9000"
+    assert _host_header("https", "::1", 8443) == "[::1]:8443"
+    assert _host_header("https", "bücher.example", 443) == "xn--bcher-kva.example"

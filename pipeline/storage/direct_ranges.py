@@ -1,14 +1,16 @@
 """Byte ranges of a store's objects read by plain HTTP/1.1 GETs straight into the caller's memory,
 over one kept-alive connection per thread: how the fetch process of a streamed split
 (`pipeline/remote/block_fetcher.py`) reads its blocks into their slots, where the store allows.
+The request is written and the answer's headers parsed on the socket itself: through http.client
+(its headers parsed by the email package, the body through a buffered reader) a range cost a
+third to a half more CPU.
 
 Why: on a node whose cores all decode, the CPU a fetch costs is taken from the decode. For 1 MiB
-ranges from nginx on loopback, obstore's async reads cost about 0.85 ms of CPU a MiB (0.75 in
-threads) and each response is then copied into its slot; these cost about 0.43
-(`benchmarks/fetch_clients.py`; figures in docs/loaders.md). Not in the training process: there
-each read takes a turn of the GIL per chunk received where obstore's takes two a request, and a
-split kept on disk ran its first epoch about 4% slower with them than with obstore's (alternating
-runs of one tree), so the disk path's threads read through obstore.
+ranges from nginx on loopback, obstore's async reads cost about twice these, and each response
+is then copied into its slot (`benchmarks/fetch_clients.py`; figures in docs/loaders.md). Not in
+the training process: there each read takes a turn of the GIL per chunk received where obstore's
+takes two a request, and a split kept on disk ran its first epoch about 4% slower with them than
+with obstore's (alternating runs of one tree), so the disk path's threads read through obstore.
 
 Which stores: s3:// and gs:// through URLs that obstore signs (`obstore.sign`: the store's own
 credentials and endpoint), each signed again once half of SIGNED_FOR_S has passed; http(s)://
@@ -26,7 +28,7 @@ package, which imports torch.
 """
 from __future__ import annotations
 
-import http.client
+import socket
 import ssl
 import threading
 import time
@@ -37,6 +39,7 @@ from urllib.parse import quote, urlsplit
 SIGNED_FOR_S = 3600
 DEFAULT_TIMEOUT_S = 30
 FAILURES_IN_A_ROW = 8       # after which the reader is not `usable`: the store answers obstore only
+HEAD_LIMIT = 64 << 10       # the most bytes of status line and headers an answer may have
 
 
 class DirectRanges:
@@ -94,16 +97,19 @@ class DirectRanges:
                 self.context = context
             return self.context
 
-    def _connection(self, scheme: str, host: str, port: int) -> tuple[http.client.HTTPConnection, bool]:
+    def _connection(self, scheme: str, host: str, port: int) -> tuple[socket.socket, bool]:
         """This thread's connection to the server, and whether it was opened now."""
         connections = self._local.__dict__.setdefault("connections", {})
         connection = connections.get((scheme, host, port))
         if connection is not None:
             return connection, False
+        connection = socket.create_connection((host, port), timeout=self.timeout_s)
         if scheme == "https":
-            connection = http.client.HTTPSConnection(host, port, timeout=self.timeout_s, context=self._tls())
-        else:
-            connection = http.client.HTTPConnection(host, port, timeout=self.timeout_s)
+            try:
+                connection = self._tls().wrap_socket(connection, server_hostname=host)
+            except OSError:
+                connection.close()
+                raise
         connections[(scheme, host, port)] = connection
         return connection, True
 
@@ -115,32 +121,61 @@ class DirectRanges:
         while True:
             connection, opened = self._connection(scheme, host, port)
             try:
-                self._read(connection, target, start, end, into)
-            except (OSError, http.client.HTTPException) as error:
+                keep_alive = self._read(connection, _host_header(scheme, host, port), target, start, end, into)
+            except OSError as error:
                 connection.close()      # its state is unknown: the next read opens another
                 del self._local.connections[(scheme, host, port)]
                 if opened:
                     self.failures += 1
                     raise OSError(str(error) or type(error).__name__) from None
                 continue
+            if not keep_alive:
+                connection.close()
+                del self._local.connections[(scheme, host, port)]
             self.failures = 0
             return
 
-    def _read(self, connection: http.client.HTTPConnection, target: str, start: int, end: int,
-              into: memoryview) -> None:
-        connection.request("GET", target, headers={**self.headers, "Range": f"bytes={start}-{end - 1}"})
-        response = connection.getresponse()
-        content_range = response.getheader("Content-Range", "")
-        if response.status != 206 or not content_range.startswith(f"bytes {start}-{end - 1}/"):
-            raise OSError(f"HTTP {response.status} ({content_range or 'no Content-Range'}) for a range request")
-        got = 0
-        while got < end - start:
-            count = response.readinto(into[got:end - start])
+    def _read(self, connection: socket.socket, host: str, target: str, start: int, end: int,
+              into: memoryview) -> bool:
+        """One GET of the range into `into`; whether the server keeps the connection open."""
+        headers = "".join(f"{key}: {value}\r\n" for key, value in self.headers.items())
+        connection.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nAccept-Encoding: identity\r\n{headers}"
+                           f"Range: bytes={start}-{end - 1}\r\n\r\n".encode("latin-1"))
+        head = self._local.__dict__.setdefault("head", bytearray(HEAD_LIMIT))
+        received, head_end = 0, -1
+        while head_end < 0:
+            if received == HEAD_LIMIT:
+                raise OSError(f"an answer whose headers exceed {HEAD_LIMIT} bytes")
+            count = connection.recv_into(memoryview(head)[received:])
             if not count:
-                raise OSError(f"{got} bytes of {end - start} before the connection ended")
-            got += count
-        if response.read(1):
+                raise OSError("the connection ended before an answer")
+            head_end = head.find(b"\r\n\r\n", max(0, received - 3), received + count)
+            received += count
+        status_line, *lines = head[:head_end].decode("latin-1").split("\r\n")
+        version, _, status = status_line.partition(" ")
+        fields = {key.strip().lower(): value.strip() for key, _, value in (line.partition(":") for line in lines)}
+        content_range, length, code = fields.get("content-range", ""), end - start, status.partition(" ")[0]
+        if (code != "206" or not content_range.startswith(f"bytes {start}-{end - 1}/")
+                or fields.get("content-length") != str(length) or "transfer-encoding" in fields
+                or fields.get("content-encoding", "identity") != "identity"):
+            raise OSError(f"HTTP {code} ({content_range or 'no Content-Range'}) for a range request")
+        body = received - head_end - 4
+        if body > length:
             raise OSError("a response longer than the range asked for")
+        into[:body] = memoryview(head)[head_end + 4:received]
+        while body < length:
+            count = connection.recv_into(into[body:length])
+            if not count:
+                raise OSError(f"{body} bytes of {length} before the connection ended")
+            body += count
+        return version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower().replace(" ", "").split(",")
+
+
+def _host_header(scheme: str, host: str, port: int) -> str:
+    """The Host header as the URL names the server (a signed URL signs it): the port only where
+    it is not the scheme's own."""
+    name = host.encode("idna").decode("ascii") if not host.isascii() else f"[{host}]" if ":" in host else host
+    return name if port == (443 if scheme == "https" else 80) else f"{name}:{port}"
 
 
 def direct_ranges(store, url: str, options: dict) -> DirectRanges | None:
