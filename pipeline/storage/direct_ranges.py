@@ -40,6 +40,7 @@ SIGNED_FOR_S = 3600
 DEFAULT_TIMEOUT_S = 30
 FAILURES_IN_A_ROW = 8       # after which the reader is not `usable`: the store answers obstore only
 HEAD_LIMIT = 64 << 10       # the most bytes of status line and headers an answer may have
+HEAD_STEP = 4096            # read at a time until the headers end: the body's first bytes are copied once more
 
 
 class DirectRanges:
@@ -49,7 +50,8 @@ class DirectRanges:
     def __init__(self, store, url: str, options: dict, signed_for_s: float = SIGNED_FOR_S):
         client_options = options.get("client_options", {})
         self.store, self.url = store, url.rstrip("/")
-        self.headers = dict(client_options.get("default_headers", {}))
+        self._header_lines = "".join(f"{key}: {value}\r\n"
+                                     for key, value in client_options.get("default_headers", {}).items())
         # obstore's request timeout ("30s"), which abandons a stalled request here too
         self.timeout_s = float(str(client_options.get("timeout", f"{DEFAULT_TIMEOUT_S}s")).rstrip("s"))
         self.signed_for_s = signed_for_s
@@ -97,9 +99,15 @@ class DirectRanges:
                 self.context = context
             return self.context
 
+    def _connections(self) -> dict[tuple[str, str, int], socket.socket]:
+        """This thread's connections, made with its buffer for answers' headers at its first read."""
+        if not hasattr(self._local, "connections"):
+            self._local.connections, self._local.head = {}, bytearray(HEAD_LIMIT)
+        return self._local.connections
+
     def _connection(self, scheme: str, host: str, port: int) -> tuple[socket.socket, bool]:
         """This thread's connection to the server, and whether it was opened now."""
-        connections = self._local.__dict__.setdefault("connections", {})
+        connections = self._connections()
         connection = connections.get((scheme, host, port))
         if connection is not None:
             return connection, False
@@ -123,30 +131,28 @@ class DirectRanges:
             try:
                 keep_alive = self._read(connection, _host_header(scheme, host, port), target, start, end, into)
             except OSError as error:
-                connection.close()      # its state is unknown: the next read opens another
-                del self._local.connections[(scheme, host, port)]
+                # its state is unknown: the next read opens another
+                self._connections().pop((scheme, host, port)).close()
                 if opened:
                     self.failures += 1
                     raise OSError(str(error) or type(error).__name__) from None
                 continue
             if not keep_alive:
-                connection.close()
-                del self._local.connections[(scheme, host, port)]
+                self._connections().pop((scheme, host, port)).close()
             self.failures = 0
             return
 
     def _read(self, connection: socket.socket, host: str, target: str, start: int, end: int,
               into: memoryview) -> bool:
         """One GET of the range into `into`; whether the server keeps the connection open."""
-        headers = "".join(f"{key}: {value}\r\n" for key, value in self.headers.items())
-        connection.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nAccept-Encoding: identity\r\n{headers}"
-                           f"Range: bytes={start}-{end - 1}\r\n\r\n".encode("latin-1"))
-        head = self._local.__dict__.setdefault("head", bytearray(HEAD_LIMIT))
+        connection.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nAccept-Encoding: identity\r\n"
+                           f"{self._header_lines}Range: bytes={start}-{end - 1}\r\n\r\n".encode("latin-1"))
+        head = self._local.head
         received, head_end = 0, -1
         while head_end < 0:
             if received == HEAD_LIMIT:
                 raise OSError(f"an answer whose headers exceed {HEAD_LIMIT} bytes")
-            count = connection.recv_into(memoryview(head)[received:])
+            count = connection.recv_into(memoryview(head)[received:received + HEAD_STEP])
             if not count:
                 raise OSError("the connection ended before an answer")
             head_end = head.find(b"\r\n\r\n", max(0, received - 3), received + count)
