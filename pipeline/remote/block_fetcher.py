@@ -45,15 +45,15 @@ where a GPU rank reading ImageNet's 110 KB images at 3,000 a second needs over 3
 """
 from __future__ import annotations
 
-import asyncio
 import heapq
 import importlib.util
 import mmap
 import os
+import queue
+import selectors
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +94,12 @@ def layout(blocks: int, slots: int, slot_bytes: int) -> tuple[int, int, int, int
 
 
 class Fetcher:
+    """The plan and the slots, kept by whichever thread holds `lock`: the main thread, at the loader's
+    messages and wake-ups, and the fetch threads, each at the end of its request, which then issues
+    the next. A thread a request in flight, each waiting on its own connection at no CPU; handing a
+    request to one costs a queue's put and get, where an asyncio task awaiting an executor cost
+    about seven times the CPU (a future, a callback and a wake-up of the loop each way)."""
+
     def __init__(self, control, wake: int, memory_fd: int, settings: FetcherSettings):
         import obstore.store
         from direct_ranges import direct_ranges     # loaded by `main`, by its path
@@ -101,8 +107,8 @@ class Fetcher:
         self.store = obstore.store.from_url(settings.url, **settings.store_options)
         self.names = settings.names
         self.direct = direct_ranges(self.store, settings.url, settings.store_options)
-        # A thread a request in flight: each waits on its own connection, at no CPU
-        self.pool = ThreadPoolExecutor(settings.most_in_flight, "ranges") if self.direct else None
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()     # (block, shard, start, end, into, issued)
+        self.threads = 0
         self.block_shard, self.block_start, self.block_end = settings.block_shard, settings.block_start, settings.block_end
         self.slot_bytes = settings.slot_bytes
         self.least_in_flight, self.most_in_flight = settings.least_in_flight, settings.most_in_flight
@@ -127,15 +133,17 @@ class Fetcher:
         self.in_flight = 0
         # Slot bytes are written before the block's state names the slot; taking and leaving the lock
         # orders the two for a reader in another process (a store barrier where CPUs reorder)
-        self._fence = threading.Lock()
+        self.lock = threading.Lock()
 
-    async def run(self) -> None:
+    def run(self) -> None:
         """Serves the loader's messages until it says stop or is gone, then exits the process."""
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self.control.fileno(), self._on_control)
-        loop.add_reader(self.wake, self._on_wake)
+        selector = selectors.DefaultSelector()
+        selector.register(self.control.fileno(), selectors.EVENT_READ, self._on_control)
+        selector.register(self.wake, selectors.EVENT_READ, self._on_wake)
         self.header[READY] = 1
-        await loop.create_future()
+        while True:
+            for key, _ in selector.select():
+                key.data()
 
     def _on_control(self) -> None:
         try:
@@ -143,18 +151,19 @@ class Fetcher:
         except (EOFError, OSError):     # the loader is gone
             message = ("stop",)
         if message[0] == "stop":
-            # Nothing is handed back, and reads in flight are of no use now: ended here, not by the
-            # loop's shutdown, which would print a warning for each of them (a killed run's terminal)
+            # Requests in flight are of no use now; the fetch threads end with the process
             os._exit(0)
-        self._plan(*message[1:])
-        self._pump()
+        with self.lock:
+            self._plan(*message[1:])
+            self._pump()
 
     def _on_wake(self) -> None:
         try:
             os.read(self.wake, 4096)
         except BlockingIOError:
             pass
-        self._pump()
+        with self.lock:
+            self._pump()
 
     def _plan(self, blocks: np.ndarray, first: np.ndarray, last: np.ndarray, start: np.ndarray, end: np.ndarray,
               window: int) -> None:
@@ -174,6 +183,7 @@ class Fetcher:
         heapq.heapify(self.let_go_at)
 
     def _pump(self) -> None:
+        """Lets go of the blocks the loader is past and issues the requests the plan allows; `lock` held."""
         position = int(self.header[POSITION])
         while self.let_go_at and self.let_go_at[0][0] <= position:
             _, block = heapq.heappop(self.let_go_at)
@@ -202,9 +212,18 @@ class Fetcher:
             self.span[block] = self.held[block]      # before the state names a slot: the loader checks it
             self.state[block] = FETCHING
             heapq.heappush(self.let_go_at, (self.until[block], block))
-            self.in_flight += 1
-            self.header[PEAK_IN_FLIGHT] = max(self.header[PEAK_IN_FLIGHT], self.in_flight)
-            asyncio.ensure_future(self._fetch(block))
+            self._issue(block)
+
+    def _issue(self, block: int) -> None:
+        start, end = self.held[block]
+        at = self.slot_of[block] * self.slot_bytes + start - int(self.block_start[block])
+        self.in_flight += 1
+        self.header[PEAK_IN_FLIGHT] = max(self.header[PEAK_IN_FLIGHT], self.in_flight)
+        if self.threads < self.in_flight:       # as many threads as requests were ever in flight at once
+            threading.Thread(target=self._fetching, name=f"ranges_{self.threads}", daemon=True).start()
+            self.threads += 1
+        self.requests.put((block, int(self.block_shard[block]), start, end, self.arena[at:at + end - start],
+                           time.monotonic()))
 
     def _measure(self) -> None:
         """The requests allowed in flight: what the loader reads a second (the bytes let go), times
@@ -237,45 +256,48 @@ class Fetcher:
         self.header[HELD_BYTES] -= size
         self.let_go_bytes += size
 
-    async def _fetch(self, block: int) -> None:
-        start, end = self.held[block]
-        slot = self.slot_of[block]
-        at = slot * self.slot_bytes + start - int(self.block_start[block])
-        issued = time.monotonic()
-        try:
-            direct = await self._read(int(self.block_shard[block]), start, end, self.arena[at:at + end - start])
-            self.request_seconds += time.monotonic() - issued
-            self.requests_timed += 1
-            with self._fence:
-                self.header[REQUESTS] += 1
-                self.header[BYTES] += end - start
-                self.header[DIRECT_REQUESTS] += direct
-            self.state[block] = slot
-            self.header[HELD_BYTES] += end - start
-            self.header[PEAK_BYTES] = max(self.header[PEAK_BYTES], self.header[HELD_BYTES])
-            if self.until[block] <= self.header[POSITION]:     # passed while it was fetched
-                self._let_go(block)
-        except Exception:       # noqa: BLE001 - the loader fetches it again and reports what happened
-            self.state[block] = FAILED
-            self.free.append(self.slot_of.pop(block))
-            del self.held[block], self.until[block]
-        finally:
-            self.in_flight -= 1
-            self._pump()
+    def _fetching(self) -> None:
+        """A fetch thread: reads the requests given it into their slots, for the life of the process."""
+        while True:
+            block, shard, start, end, into, issued = self.requests.get()
+            try:
+                direct = self._read(shard, start, end, into)
+            except Exception:       # noqa: BLE001 - the loader fetches it again and reports what happened
+                direct = None
+            with self.lock:
+                self.in_flight -= 1
+                if direct is None:
+                    self.state[block] = FAILED
+                    self.free.append(self.slot_of.pop(block))
+                    del self.held[block], self.until[block]
+                else:
+                    self._fetched(block, end - start, direct, time.monotonic() - issued)
+                self._pump()
 
-    async def _read(self, shard: int, start: int, end: int, into: memoryview) -> bool:
+    def _fetched(self, block: int, size: int, direct: bool, seconds: float) -> None:
+        self.request_seconds += seconds
+        self.requests_timed += 1
+        self.header[REQUESTS] += 1
+        self.header[BYTES] += size
+        self.header[DIRECT_REQUESTS] += direct
+        self.state[block] = self.slot_of[block]
+        self.header[HELD_BYTES] += size
+        self.header[PEAK_BYTES] = max(self.header[PEAK_BYTES], self.header[HELD_BYTES])
+        if self.until[block] <= self.header[POSITION]:     # passed while it was fetched
+            self._let_go(block)
+
+    def _read(self, shard: int, start: int, end: int, into: memoryview) -> bool:
         """Bytes [start, end) of the shard into `into`: True where read directly, False by obstore."""
         if self.direct is not None and self.direct.usable:
             try:
-                await asyncio.get_running_loop().run_in_executor(self.pool, self.direct.read_into, self.names[shard],
-                                                                 start, end, into)
+                self.direct.read_into(self.names[shard], start, end, into)
                 return True
             except OSError:
                 pass
         import obstore
-        # get_range_async rather than get_async(options={"range": ..., "if_match": ...}) and bytes_async,
-        # which would pin the object's version: that took 22% more CPU here for 1 MiB ranges from nginx
-        data = await obstore.get_range_async(self.store, self.names[shard], start=start, end=end)
+        # get_range rather than get(options={"range": ..., "if_match": ...}), which would pin the
+        # object's version: its async form took 22% more CPU than get_range's for 1 MiB ranges from nginx
+        data = obstore.get_range(self.store, self.names[shard], start=start, end=end)
         if len(data) != end - start:
             raise ValueError("short response")
         into[:] = memoryview(data)
@@ -304,7 +326,7 @@ def main(argv: list[str]) -> None:
         return
     if message[0] != "setup":       # told to stop before it was needed
         return
-    asyncio.run(Fetcher(control, wake, memory_fd, FetcherSettings(**message[1])).run())
+    Fetcher(control, wake, memory_fd, FetcherSettings(**message[1])).run()
 
 
 if __name__ == "__main__":
