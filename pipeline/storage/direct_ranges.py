@@ -28,6 +28,7 @@ package, which imports torch.
 """
 from __future__ import annotations
 
+import functools
 import socket
 import ssl
 import threading
@@ -177,9 +178,10 @@ class DirectRanges:
         return version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower().replace(" ", "").split(",")
 
 
+@functools.lru_cache(maxsize=64)
 def _host_header(scheme: str, host: str, port: int) -> str:
     """The Host header as the URL names the server (a signed URL signs it): the port only where
-    it is not the scheme's own."""
+    it is not the scheme's own. Cached: every request of a store names the same few servers."""
     name = host.encode("idna").decode("ascii") if not host.isascii() else f"[{host}]" if ":" in host else host
     return name if port == (443 if scheme == "https" else 80) else f"{name}:{port}"
 
